@@ -1,0 +1,97 @@
+"""Task embeddings: the mean of every head's output ``z`` at the last token of N-shot ICL prompts."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from site_interp.forward import model_device
+from site_interp.hooks import capture_hooks, stack_captured
+from site_interp.prompts import DEFAULT_TEMPLATE, PromptTemplate, build_prompts, left_pad, model_context, pad_id
+from site_interp.tasks import Task, TaskError
+
+
+@dataclass(frozen=True)
+class EmbeddingConfig:
+    """How a task embedding is extracted."""
+
+    n_prompts: int = 50
+    """M: number of ICL prompts averaged (queries drawn from train, with replacement if train is small)."""
+    n_shots: int = 10
+    """N: demonstrations per prompt, drawn from train, never the query itself."""
+    batch_size: int = 8
+    """Prompts per forward pass (left-padded)."""
+    seed: int = 0
+    """Seed for the queries and demonstrations."""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class TaskEmbedding:
+    """``t[layer, head]``: mean per-head attention output at the last token of ICL prompts."""
+
+    task: str
+    """Task name."""
+    t: Float[Tensor, "layer head d_head"]
+    """The embedding (float32, CPU)."""
+    config: EmbeddingConfig
+    """How it was made."""
+    seconds: float = 0.0
+    """Wall time of the extraction."""
+
+
+def icl_prompt_batch(tokenizer, task: Task, n_prompts: int, n_shots: int, seed: int, *, max_length=None, template=DEFAULT_TEMPLATE):
+    """The M N-shot prompts used for a task embedding (queries and demos from train)."""
+    if not task.train:
+        raise TaskError(f"{task.name}: the train split is empty")
+    g = torch.Generator().manual_seed(seed)
+    replace = n_prompts > len(task.train)
+    order = (
+        torch.randint(len(task.train), (n_prompts,), generator=g)
+        if replace
+        else torch.randperm(len(task.train), generator=g)[:n_prompts]
+    )
+    queries = [task.train[i] for i in order.tolist()]
+    return build_prompts(
+        tokenizer, queries, n_shots=n_shots, demo_pool=task.train, seed=seed,
+        template=template, max_length=max_length, task=task.name,
+    )
+
+
+@torch.no_grad()
+def compute_task_embedding(
+    bridge,
+    task: Task,
+    config: EmbeddingConfig = EmbeddingConfig(),
+    *,
+    template: PromptTemplate = DEFAULT_TEMPLATE,
+    progress: bool = True,
+) -> TaskEmbedding:
+    """Average ``blocks.L.attn.hook_z`` at the last token of ``config.n_prompts`` ICL prompts.
+
+    Only the last position's logits are computed (``logits_to_keep=1``).
+    """
+    t0 = time.perf_counter()
+    batch = icl_prompt_batch(
+        bridge.tokenizer, task, config.n_prompts, config.n_shots, config.seed,
+        max_length=model_context(bridge), template=template,
+    )
+    n_layers = bridge.cfg.n_layers
+    total: Tensor | None = None
+    device = model_device(bridge)
+    starts = range(0, len(batch), config.batch_size)
+    for start in tqdm(starts, desc=f"embedding {task.name}", disable=not progress, leave=False):
+        ids, mask = left_pad(batch.token_ids[start : start + config.batch_size], pad_id(bridge.tokenizer), device)
+        store: dict[int, Tensor] = {}
+        bridge.run_with_hooks(ids, fwd_hooks=capture_hooks(n_layers, store), attention_mask=mask, logits_to_keep=1)
+        z = stack_captured(store, n_layers).sum(0)  # [layer, head, d_head]
+        total = z if total is None else total + z
+    assert total is not None
+    return TaskEmbedding(task=task.name, t=total / len(batch), config=config, seconds=time.perf_counter() - t0)

@@ -1,0 +1,188 @@
+"""Evaluation on the test split: 0-shot, N-shot ICL and 0-shot + injection, side by side.
+
+Two metrics per query:
+
+* **first token**: the argmax at the last prompt token equals the answer's first token (in context);
+* **exact match**: greedy generation (KV cache, up to ``max_new_tokens``), first line, stripped;
+  correct when it starts with the target and the target ends at a word boundary
+  (``"Paris, France"`` matches ``Paris``; ``"Parisian"`` does not). Both sides are lower-cased
+  unless the task is case-sensitive (capitalisation tasks).
+
+Injected methods run at the last prompt token only, on the prompt pass; 0-shot methods share
+one prefix cache, so each extra method costs one token per query.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+
+import pandas as pd
+import torch
+from jaxtyping import Float
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from site_interp.forward import build_prefix_cache, greedy_generate, last_token_logits, prefix_cache_fits
+from site_interp.hooks import Hooks, injection_hooks
+from site_interp.prompts import DEFAULT_TEMPLATE, PromptBatch, PromptTemplate, build_prompts, model_context
+from site_interp.stats import bootstrap_ci
+from site_interp.tasks import Task, TaskError
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """Evaluation settings."""
+
+    n_test: int | None = 50
+    """Test queries per task (the first ones of the test split); None = all."""
+    n_shots: int = 10
+    """Demonstrations in the ICL baseline (from train, seeded, never the query)."""
+    seed: int = 0
+    """Seed of the ICL demonstrations."""
+    batch_size: int = 64
+    """Prompts per forward pass (generation is memory-bound on CPU: large batches pay off)."""
+    exact_match: bool = True
+    """Also generate and score exact match (slower than first token alone)."""
+    max_new_tokens: int = 20
+    """Generation budget for exact match."""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Method:
+    """One way of answering: a prompt format plus an optional injection."""
+
+    name: str
+    """Label in tables (``0-shot``, ``10-shot ICL``, ``SITE``...)."""
+    n_shots: int = 0
+    """Demonstrations in the prompt."""
+    alpha: Float[Tensor, "layer head"] | None = None
+    """Per-head injection weights (None: no injection)."""
+    t: Float[Tensor, "layer head d_head"] | None = None
+    """The task embedding injected with ``alpha``."""
+
+    def hooks(self) -> Hooks:
+        if self.alpha is None:
+            return []
+        if self.t is None:
+            raise ValueError(f"method {self.name!r} has alphas but no task embedding")
+        return injection_hooks(self.alpha, self.t)
+
+
+def standard_methods(t=None, alpha=None, n_shots: int = 10) -> list[Method]:
+    """0-shot, N-shot ICL and (when ``alpha`` is given) 0-shot + SITE."""
+    methods = [Method("0-shot"), Method(f"{n_shots}-shot ICL", n_shots=n_shots)]
+    if alpha is not None:
+        methods.append(Method("SITE", alpha=alpha, t=t))
+    return methods
+
+
+def normalize(text: str, case_sensitive: bool) -> str:
+    text = text.strip()
+    return text if case_sensitive else text.lower()
+
+
+def exact_match(generation: str, target: str, case_sensitive: bool = False) -> bool:
+    """First line of ``generation`` starts with ``target`` at a word boundary (see module doc)."""
+    lines = generation.strip().splitlines()
+    pred = normalize(lines[0] if lines else "", case_sensitive)
+    gold = normalize(target, case_sensitive)
+    if not pred.startswith(gold):
+        return False
+    rest = pred[len(gold) :]
+    return not rest or not (rest[0].isalnum() and gold[-1:].isalnum())
+
+
+@dataclass
+class TaskEvaluation:
+    """Per-query outcomes of several methods on one task."""
+
+    task: str
+    """Task name."""
+    records: list[dict] = field(default_factory=list)
+    """One row per (method, query): method, query, target, pred_token, first_token, generation, exact_match."""
+    seconds: float = 0.0
+    """Wall time."""
+
+    def to_dataframe(self) -> pd.DataFrame:
+        return pd.DataFrame(self.records)
+
+    def accuracy(self, method: str, metric: str = "first_token") -> float:
+        vals = [r[metric] for r in self.records if r["method"] == method and r.get(metric) is not None]
+        return float(sum(vals) / len(vals)) if vals else float("nan")
+
+    def summary(self, ci: bool = True) -> pd.DataFrame:
+        """Accuracy per method (percent), with 95% bootstrap intervals over queries."""
+        df = self.to_dataframe()
+        rows = []
+        for method, g in df.groupby("method", sort=False):
+            row = {"task": self.task, "method": method, "n": len(g)}
+            for metric in ("first_token", "exact_match"):
+                if metric in g and g[metric].notna().all():
+                    vals = g[metric].astype(float).tolist()
+                    row[metric] = 100 * sum(vals) / len(vals)
+                    if ci:
+                        lo, hi = bootstrap_ci(vals)
+                        row[f"{metric}_lo"], row[f"{metric}_hi"] = 100 * lo, 100 * hi
+            rows.append(row)
+        return pd.DataFrame(rows)
+
+
+@torch.no_grad()
+def evaluate(
+    bridge,
+    task: Task,
+    methods: list[Method],
+    config: EvalConfig = EvalConfig(),
+    *,
+    template: PromptTemplate = DEFAULT_TEMPLATE,
+    progress: bool = True,
+) -> TaskEvaluation:
+    """Score every method on the first ``config.n_test`` test queries of ``task``."""
+    t0 = time.perf_counter()
+    queries = task.test[: config.n_test] if config.n_test else task.test
+    if not queries:
+        raise TaskError(f"{task.name}: the test split is empty")
+    batches: dict[int, PromptBatch] = {}
+    for m in methods:
+        if m.n_shots not in batches:
+            batches[m.n_shots] = build_prompts(
+                bridge.tokenizer, queries, n_shots=m.n_shots, demo_pool=task.train, seed=config.seed,
+                template=template, max_length=model_context(bridge), task=task.name,
+            )
+    zero = batches.get(0)
+    use_prefix = zero is not None and not config.exact_match and prefix_cache_fits(bridge, zero.token_ids)
+    prefix = build_prefix_cache(bridge, zero.token_ids) if use_prefix else None
+    result = TaskEvaluation(task=task.name)
+    for m in tqdm(methods, desc=f"eval {task.name}", disable=not progress, leave=False):
+        batch = batches[m.n_shots]
+        hooks = m.hooks()
+        preds: list[int] = []
+        gens: list[str | None] = []
+        for start in range(0, len(batch), config.batch_size):
+            rows = torch.arange(start, min(start + config.batch_size, len(batch)))
+            ids = [batch.token_ids[i] for i in rows.tolist()]
+            if config.exact_match:
+                # the first generated token is the argmax at the last prompt token
+                out = greedy_generate(bridge, ids, hooks, max_new_tokens=config.max_new_tokens)
+                preds.extend(g[0] for g in out)
+                gens.extend(bridge.tokenizer.decode(g, skip_special_tokens=True) for g in out)
+                continue
+            if m.n_shots == 0 and prefix is not None:
+                logits = last_token_logits(bridge, hooks=hooks, prefix=prefix, rows=rows)
+            else:
+                logits = last_token_logits(bridge, ids, hooks)
+            preds.extend(logits.argmax(-1).tolist())
+            gens.extend([None] * len(ids))
+        for q, target_id, pred, gen in zip(queries, batch.target_ids.tolist(), preds, gens):
+            result.records.append({
+                "task": task.name, "method": m.name, "query": q["input"], "target": q["output"],
+                "pred_token": bridge.tokenizer.decode([pred]), "first_token": pred == target_id,
+                "generation": gen,
+                "exact_match": None if gen is None else exact_match(gen, q["output"], task.case_sensitive),
+            })
+    result.seconds = time.perf_counter() - t0
+    return result

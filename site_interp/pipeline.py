@@ -1,0 +1,185 @@
+"""The SITE pipeline for one task, with cached artifacts.
+
+``run_task`` = task embedding -> alpha training -> evaluation (0-shot, N-shot ICL, SITE), each
+stage reused from ``<out>/<model>/<task>/`` when a matching artifact exists (see
+:mod:`site_interp.artifacts`). Used by ``python -m site_interp.run`` and the studies.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from site_interp.artifacts import load_if_valid, provenance, save_artifact, slug, write_json, write_text
+from site_interp.embeddings import EmbeddingConfig, TaskEmbedding, compute_task_embedding
+from site_interp.evaluation import EvalConfig, TaskEvaluation, evaluate, standard_methods
+from site_interp.plotting import alpha_heatmap, save_figure
+from site_interp.selection import SiteConfig, SiteResult, train_site_many
+from site_interp.tasks import Task
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything that determines a run's artifacts."""
+
+    embedding: EmbeddingConfig = field(default_factory=EmbeddingConfig)
+    """Task-embedding settings (M prompts, N shots)."""
+    site: SiteConfig = field(default_factory=SiteConfig)
+    """Alpha training settings."""
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    """Evaluation settings."""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class TaskRun:
+    """The outcome of the pipeline on one task."""
+
+    task: Task
+    """The task."""
+    embedding: TaskEmbedding
+    """Its task embedding."""
+    site: SiteResult
+    """Trained alphas."""
+    evaluation: TaskEvaluation
+    """Per-query results of 0-shot, ICL and SITE."""
+    timings: dict[str, float]
+    """Seconds per stage (``embedding``, ``training``, ``evaluation``); 0 where reused from cache."""
+    directory: Path | None = None
+    """Where the artifacts are."""
+
+    def summary(self) -> pd.DataFrame:
+        return self.evaluation.summary()
+
+
+def model_id(bridge) -> str:
+    info = getattr(bridge, "site_info", None)
+    return info.model_id if info is not None else str(getattr(bridge.cfg, "model_name", "unknown"))
+
+
+def task_dir(out: str | Path, bridge, task: Task) -> Path:
+    return Path(out) / slug(model_id(bridge)) / slug(task.name)
+
+
+def _embedding_key(bridge, task: Task, cfg: RunConfig) -> dict:
+    return {
+        "model_id": model_id(bridge),
+        "task": task.name,
+        "task_fingerprint": task.fingerprint(),
+        "embedding": cfg.embedding.to_dict(),
+    }
+
+
+def get_embedding(bridge, task: Task, cfg: RunConfig, directory: Path | None, progress: bool) -> tuple[TaskEmbedding, bool]:
+    """Load the cached task embedding or compute and save it. Returns (embedding, computed?)."""
+    key = _embedding_key(bridge, task, cfg)
+    path = directory / "embedding.safetensors" if directory else None
+    cached = load_if_valid(path, key) if path else None
+    if cached is not None:
+        tensors, meta = cached
+        return TaskEmbedding(task.name, tensors["t"], cfg.embedding, meta.get("seconds", 0.0)), False
+    emb = compute_task_embedding(bridge, task, cfg.embedding, progress=progress)
+    if path:
+        save_artifact(path, {"t": emb.t}, key, {"seconds": emb.seconds}, seed=cfg.embedding.seed)
+    return emb, True
+
+
+def _alpha_key(bridge, task: Task, cfg: RunConfig) -> dict:
+    return {**_embedding_key(bridge, task, cfg), "site": cfg.site.result_key()}
+
+
+def _load_alphas(bridge, task: Task, cfg: RunConfig, directory: Path | None) -> SiteResult | None:
+    cached = load_if_valid(directory / "alphas.safetensors", _alpha_key(bridge, task, cfg)) if directory else None
+    if cached is None:
+        return None
+    tensors, meta = cached
+    return SiteResult(
+        task=task.name, alpha=tensors["alpha"], best_step=meta["best_step"],
+        best_valid_loss=meta["best_valid_loss"], history=meta["history"],
+        seconds=meta.get("seconds", 0.0), config=cfg.site,
+    )
+
+
+def _save_alphas(bridge, task: Task, cfg: RunConfig, directory: Path, res: SiteResult) -> None:
+    save_artifact(
+        directory / "alphas.safetensors", {"alpha": res.alpha}, _alpha_key(bridge, task, cfg),
+        {"best_step": res.best_step, "best_valid_loss": res.best_valid_loss, "history": res.history,
+         "seconds": res.seconds, "n_selected": res.n_selected},
+        seed=cfg.site.seed,
+    )
+
+
+def run_tasks(
+    bridge, tasks: list[Task], cfg: RunConfig = RunConfig(), out: str | Path | None = None, *, progress: bool = True
+) -> list[TaskRun]:
+    """Embedding -> alphas -> evaluation for every task; artifacts under ``out`` when given.
+
+    Alphas missing from the cache are trained for all those tasks at once
+    (:func:`~site_interp.selection.train_site_many`: same result as one by one, one weight read
+    per step for all of them). Training time is reported per task as the joint time / tasks.
+    """
+    dirs = [task_dir(out, bridge, t) if out is not None else None for t in tasks]
+    timings: list[dict[str, float]] = [{} for _ in tasks]
+    embs = []
+    for k, task in enumerate(tasks):
+        emb, made = get_embedding(bridge, task, cfg, dirs[k], progress)
+        timings[k]["embedding"] = emb.seconds if made else 0.0
+        embs.append(emb)
+    sites: list[SiteResult | None] = [_load_alphas(bridge, t, cfg, d) for t, d in zip(tasks, dirs)]
+    todo = [k for k, s in enumerate(sites) if s is None]
+    if todo:
+        torch.manual_seed(cfg.site.seed)
+        trained = train_site_many(bridge, [tasks[k] for k in todo], [embs[k] for k in todo], cfg.site, progress=progress)
+        for k, res in zip(todo, trained):
+            sites[k] = res
+            if dirs[k] is not None:
+                _save_alphas(bridge, tasks[k], cfg, dirs[k], res)
+    runs = []
+    for k, task in enumerate(tasks):
+        site = sites[k]
+        assert site is not None
+        timings[k]["training"] = site.seconds if k in todo else 0.0
+        t0 = time.perf_counter()
+        evaluation = evaluate(bridge, task, standard_methods(embs[k].t, site.alpha, cfg.eval.n_shots), cfg.eval,
+                              progress=progress)
+        timings[k]["evaluation"] = time.perf_counter() - t0
+        run = TaskRun(task=task, embedding=embs[k], site=site, evaluation=evaluation, timings=timings[k],
+                      directory=dirs[k])
+        if dirs[k] is not None:
+            write_run_files(bridge, run, cfg)
+        runs.append(run)
+    return runs
+
+
+def run_task(
+    bridge, task: Task, cfg: RunConfig = RunConfig(), out: str | Path | None = None, *, progress: bool = True
+) -> TaskRun:
+    """:func:`run_tasks` for one task."""
+    return run_tasks(bridge, [task], cfg, out, progress=progress)[0]
+
+
+def write_run_files(bridge, run: TaskRun, cfg: RunConfig) -> None:
+    """config.json, results.json/.csv, summary.csv and the alpha heatmap of one task run."""
+    d = run.directory
+    assert d is not None
+    write_json(d / "config.json", {
+        "model_id": model_id(bridge), "task": run.task.name, "task_source": run.task.source,
+        "task_fingerprint": run.task.fingerprint(), "config": cfg.to_dict(), "provenance": provenance(cfg.site.seed),
+    })
+    summary = run.summary()
+    write_json(d / "results.json", {
+        "task": run.task.name, "model_id": model_id(bridge), "summary": summary.to_dict(orient="records"),
+        "best_step": run.site.best_step, "best_valid_loss": run.site.best_valid_loss,
+        "n_selected_heads": run.site.n_selected, "timings": run.timings,
+        "records": run.evaluation.records,
+    })
+    write_text(d / "results.csv", run.evaluation.to_dataframe().to_csv(index=False))
+    write_text(d / "summary.csv", summary.to_csv(index=False))
+    fig = alpha_heatmap(run.site.alpha, title=f"{run.task.name}: alpha ({model_id(bridge)})")
+    save_figure(fig, d / "alpha_heatmap", formats=("png",))

@@ -1,0 +1,164 @@
+"""Prompts: the function-vector template, demo sampling, tokenization with left padding.
+
+A 0-shot prompt is ``"Q: {input}\\nA:"``; an N-shot prompt puts N demonstrations
+``"Q: {input}\\nA: {output}\\n\\n"`` before it. The answer follows the prompt with a leading space,
+except purely numeric answers (numbers tokenize as a bare space and then digits, so with a space
+the "first answer token" would be the space alone). The first answer token is computed in context:
+tokenize prompt + answer and take the first token after the prompt's tokens.
+
+Token ids always start with the tokenizer's BOS token when it has one (see :mod:`site_interp.loading`).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+from jaxtyping import Bool, Int
+from torch import Tensor
+
+from site_interp.tasks import Example, TaskError
+
+
+@dataclass(frozen=True)
+class PromptTemplate:
+    """How examples become text. Defaults: the function-vector / SITE template."""
+
+    query: str = "Q: {input}\nA:"
+    """A query; ``{input}`` is replaced by the example's input."""
+    answer_prefix: str = " "
+    """Put between a query and its answer (not for purely numeric answers, see below)."""
+    demo_separator: str = "\n\n"
+    """After each demonstration's answer."""
+    no_space_before_numbers: bool = True
+    """Drop ``answer_prefix`` before purely numeric answers (digit tokenization, see module doc)."""
+
+    def answer_text(self, output: str) -> str:
+        if self.no_space_before_numbers and output.strip().replace(".", "", 1).isdigit():
+            return output
+        return self.answer_prefix + output
+
+    def demo(self, example: Example) -> str:
+        return self.query.format(input=example["input"]) + self.answer_text(example["output"]) + self.demo_separator
+
+    def prompt(self, query: Example, demos: Sequence[Example] = ()) -> str:
+        return "".join(self.demo(d) for d in demos) + self.query.format(input=query["input"])
+
+
+DEFAULT_TEMPLATE = PromptTemplate()
+
+
+def sample_demos(
+    pool: Sequence[Example], n: int, rng: random.Random, *, exclude_input: str | None = None, task: str = "task"
+) -> list[Example]:
+    """Draw ``n`` distinct demonstrations from ``pool``, never one whose input is ``exclude_input``."""
+    candidates = [i for i, e in enumerate(pool) if e["input"] != exclude_input]
+    if len(candidates) < n:
+        raise TaskError(
+            f"{task}: {n}-shot prompts need {n} demonstrations besides the query, but the train split "
+            f"has only {len(candidates)}; use fewer shots (--n-shots) or add training examples"
+        )
+    return [pool[i] for i in rng.sample(candidates, n)]
+
+
+@dataclass
+class PromptBatch:
+    """Prompts of one task, tokenized, with their answers' first tokens."""
+
+    texts: list[str]
+    """The prompt strings."""
+    targets: list[str]
+    """The expected answers (outputs), for exact match."""
+    target_ids: Int[Tensor, " batch"]
+    """The first token of each answer, computed in context."""
+    token_ids: list[list[int]]
+    """Unpadded token ids of each prompt (BOS first)."""
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+
+def _bos(tokenizer) -> list[int]:
+    return [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
+
+
+def encode(tokenizer, text: str) -> list[int]:
+    """Token ids of ``text`` with the BOS convention of this package."""
+    return _bos(tokenizer) + tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def first_answer_token(tokenizer, prompt: str, answer: str, *, task: str = "task") -> int:
+    """The first token of ``answer`` as the model sees it right after ``prompt``."""
+    p = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    full = tokenizer(prompt + answer, add_special_tokens=False)["input_ids"]
+    if len(full) > len(p) and full[: len(p)] == p:
+        return full[len(p)]
+    # the tokenizer merged across the boundary: fall back to the answer tokenized on its own
+    alone = tokenizer(answer, add_special_tokens=False)["input_ids"]
+    if not alone:
+        raise TaskError(f"{task}: the answer {answer!r} tokenizes to nothing; fix the example or the template")
+    return alone[0]
+
+
+def build_prompts(
+    tokenizer,
+    queries: Sequence[Example],
+    *,
+    n_shots: int = 0,
+    demo_pool: Sequence[Example] = (),
+    seed: int = 0,
+    template: PromptTemplate = DEFAULT_TEMPLATE,
+    max_length: int | None = None,
+    task: str = "task",
+) -> PromptBatch:
+    """Tokenize prompts for ``queries`` with ``n_shots`` seeded demonstrations from ``demo_pool``.
+
+    ``max_length`` (the model's context) turns an over-long prompt into a clear error.
+    """
+    rng = random.Random(seed)
+    texts, targets, target_ids, ids = [], [], [], []
+    for q in queries:
+        demos = sample_demos(demo_pool, n_shots, rng, exclude_input=q["input"], task=task) if n_shots else []
+        text = template.prompt(q, demos)
+        toks = encode(tokenizer, text)
+        if max_length is not None and len(toks) + 1 > max_length:
+            raise TaskError(
+                f"{task}: a {n_shots}-shot prompt has {len(toks)} tokens, over the model's context of "
+                f"{max_length}; use fewer shots (--n-shots) or shorter examples"
+            )
+        texts.append(text)
+        targets.append(q["output"])
+        target_ids.append(first_answer_token(tokenizer, text, template.answer_text(q["output"]), task=task))
+        ids.append(toks)
+    return PromptBatch(texts=texts, targets=targets, target_ids=torch.tensor(target_ids, dtype=torch.long), token_ids=ids)
+
+
+def left_pad(
+    token_ids: Sequence[Sequence[int]], pad_id: int, device: str | torch.device = "cpu"
+) -> tuple[Int[Tensor, "batch pos"], Bool[Tensor, "batch pos"]]:
+    """Left-pad to a rectangle; return ids and an attention mask (True = real token).
+
+    With left padding the last prompt token of every row sits at position -1.
+    """
+    width = max(len(t) for t in token_ids)
+    ids = torch.full((len(token_ids), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(token_ids), width), dtype=torch.long)
+    for i, t in enumerate(token_ids):
+        if t:
+            ids[i, width - len(t) :] = torch.tensor(list(t), dtype=torch.long)
+            mask[i, width - len(t) :] = 1
+    return ids.to(device), mask.to(device)
+
+
+def pad_id(tokenizer) -> int:
+    for tok_id in (tokenizer.pad_token_id, tokenizer.eos_token_id, 0):
+        if tok_id is not None:
+            return tok_id
+    return 0
+
+
+def model_context(bridge) -> int | None:
+    """The model's context length, when the bridge config knows it."""
+    return getattr(bridge.cfg, "n_ctx", None)

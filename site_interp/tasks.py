@@ -1,0 +1,267 @@
+"""Tasks: lists of ``{"input", "output"}`` pairs split into train / valid / test.
+
+Sources:
+
+* a directory in the function-vector layout, ``<dir>/<task>/{train,valid,test}.json``
+  (e.g. ``../shared/data/fv57``), read in place;
+* a single JSON list, split with a seed (:func:`load_json_task`);
+* the built-in tasks of :mod:`site_interp.builtin_tasks`, generated offline from installed packages.
+
+Every example is validated on load; problems raise :class:`TaskError` naming the file and the fix.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Sequence
+
+log = logging.getLogger(__name__)
+
+Example = dict[str, str]
+SPLITS = ("train", "valid", "test")
+
+
+class TaskError(ValueError):
+    """A task file or task name that cannot be used; the message says which and how to fix it."""
+
+
+@dataclass
+class Task:
+    """One task with its three splits."""
+
+    name: str
+    """Task name (directory name, file stem or built-in name)."""
+    train: list[Example]
+    """Demonstrations for ICL prompts and the 0-shot prompts SITE trains on."""
+    valid: list[Example]
+    """Held out for picking the best alphas (validation loss)."""
+    test: list[Example]
+    """Held out for every reported accuracy."""
+    source: str = ""
+    """Where the task came from (path, or ``builtin:<name>``)."""
+    case_sensitive: bool = False
+    """Whether exact match compares letter case (capitalisation tasks); otherwise lower-cased."""
+
+    def split(self, name: str) -> list[Example]:
+        if name not in SPLITS:
+            raise KeyError(f"unknown split {name!r}; use one of {SPLITS}")
+        return getattr(self, name)
+
+    def fingerprint(self) -> str:
+        """A short hash of the task's content: artifacts made from other data are refused."""
+        blob = json.dumps([self.name, self.train, self.valid, self.test], sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    def __repr__(self) -> str:
+        return (
+            f"Task({self.name!r}, train={len(self.train)}, valid={len(self.valid)}, "
+            f"test={len(self.test)}, source={self.source!r})"
+        )
+
+
+def validate_examples(data: object, where: str) -> list[Example]:
+    """Check and normalise a list of examples; ``where`` names the file/task in errors.
+
+    Numbers are accepted as strings (e.g. word lengths); surrounding whitespace is stripped;
+    exact duplicate pairs are dropped with a warning. Empty inputs or outputs, missing keys,
+    non-list data and empty lists are errors.
+    """
+    if not isinstance(data, list):
+        raise TaskError(f"{where}: expected a JSON list of {{'input': ..., 'output': ...}} objects, got {type(data).__name__}")
+    if not data:
+        raise TaskError(f"{where}: the list of examples is empty; add examples or remove the file")
+    out: list[Example] = []
+    seen: set[tuple[str, str]] = set()
+    for i, item in enumerate(data):
+        if not isinstance(item, dict) or "input" not in item or "output" not in item:
+            raise TaskError(
+                f"{where}: example {i} must be an object with keys 'input' and 'output', got {item!r:.80}"
+            )
+        pair = []
+        for key in ("input", "output"):
+            value = item[key]
+            if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+                raise TaskError(f"{where}: example {i} has a non-text {key!r}: {value!r:.80}")
+            text = str(value).strip()
+            if not text:
+                raise TaskError(f"{where}: example {i} has an empty {key!r}; every example needs both")
+            pair.append(text)
+        if "\n" in pair[1]:
+            raise TaskError(f"{where}: example {i} has a multi-line answer; answers must be one line")
+        key = (pair[0], pair[1])
+        if key in seen:
+            continue
+        seen.add(key)
+        out.append({"input": pair[0], "output": pair[1]})
+    if len(out) < len(data):
+        log.warning("%s: dropped %d exact duplicate examples", where, len(data) - len(out))
+    return out
+
+
+def guess_case_sensitive(examples: Iterable[Example]) -> bool:
+    """True when letter case is the point of the task (e.g. ``apple -> Apple``, ``LUCKY -> l``).
+
+    Decided from the data: in most examples the answer, lower-cased, occurs in the lower-cased
+    input, but not with its own case.
+    """
+    examples = list(examples)
+    hits = sum(
+        1
+        for e in examples
+        if e["output"].lower() in e["input"].lower() and e["output"] not in e["input"]
+    )
+    return hits > 0.5 * len(examples)
+
+
+def _read_json(path: Path) -> object:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise TaskError(f"{path}: not valid JSON ({err}); fix or regenerate the file") from err
+
+
+def load_task(folder: str | Path) -> Task:
+    """Load one task directory holding ``train.json``, ``valid.json`` and ``test.json``."""
+    folder = Path(folder)
+    missing = [s for s in SPLITS if not (folder / f"{s}.json").exists()]
+    if missing:
+        raise TaskError(
+            f"{folder}: missing {', '.join(f'{s}.json' for s in missing)}; a task directory needs "
+            "train.json, valid.json and test.json (or use load_json_task for one file)"
+        )
+    splits = {s: validate_examples(_read_json(folder / f"{s}.json"), str(folder / f"{s}.json")) for s in SPLITS}
+    return Task(
+        name=folder.name,
+        source=str(folder),
+        case_sensitive=guess_case_sensitive(splits["train"]),
+        **splits,
+    )
+
+
+def list_task_dir(root: str | Path) -> list[str]:
+    """Names of the task directories under ``root``."""
+    root = Path(root)
+    if not root.is_dir():
+        raise TaskError(f"{root}: no such task directory")
+    return sorted(p.name for p in root.iterdir() if p.is_dir() and (p / "train.json").exists())
+
+
+def load_task_dir(root: str | Path, names: Sequence[str] | None = None) -> dict[str, Task]:
+    """Load tasks from a function-vector style directory (all of them, or ``names``)."""
+    available = list_task_dir(root)
+    names = list(names) if names else available
+    unknown = [n for n in names if n not in available]
+    if unknown:
+        raise TaskError(f"{root}: no task(s) {unknown}; available: {', '.join(available)}")
+    return {n: load_task(Path(root) / n) for n in names}
+
+
+def split_examples(
+    examples: Sequence[Example], seed: int = 0, fractions: tuple[float, float, float] = (0.7, 0.1, 0.2)
+) -> dict[str, list[Example]]:
+    """Shuffle with ``seed`` and split into train/valid/test by ``fractions``.
+
+    Examples sharing an input stay in the same split, so no test query is seen in training.
+    """
+    if abs(sum(fractions) - 1) > 1e-6 or min(fractions) <= 0:
+        raise ValueError(f"fractions must be positive and sum to 1, got {fractions}")
+    by_input: dict[str, list[Example]] = {}
+    for e in examples:
+        by_input.setdefault(e["input"], []).append(e)
+    keys = sorted(by_input)
+    random.Random(seed).shuffle(keys)
+    n = len(keys)
+    n_train = max(1, round(fractions[0] * n))
+    n_valid = max(1, round(fractions[1] * n))
+    if n_train + n_valid >= n:
+        raise TaskError(f"only {n} distinct inputs: too few to split into train/valid/test")
+    parts = {"train": keys[:n_train], "valid": keys[n_train : n_train + n_valid], "test": keys[n_train + n_valid :]}
+    return {s: [e for k in ks for e in by_input[k]] for s, ks in parts.items()}
+
+
+def load_json_task(
+    path: str | Path, *, name: str | None = None, seed: int = 0, fractions: tuple[float, float, float] = (0.7, 0.1, 0.2)
+) -> Task:
+    """Load one JSON list of examples and split it with ``seed``."""
+    path = Path(path)
+    if not path.exists():
+        raise TaskError(f"{path}: no such file")
+    examples = validate_examples(_read_json(path), str(path))
+    splits = split_examples(examples, seed=seed, fractions=fractions)
+    return Task(
+        name=name or path.stem,
+        source=str(path),
+        case_sensitive=guess_case_sensitive(examples),
+        **splits,
+    )
+
+
+def builtin_task(name: str, *, seed: int = 0, fractions: tuple[float, float, float] = (0.7, 0.1, 0.2)) -> Task:
+    """A built-in task (see :mod:`site_interp.builtin_tasks`), split with ``seed``."""
+    from site_interp import builtin_tasks
+
+    try:
+        spec = builtin_tasks.BUILTIN_TASKS[name]
+    except KeyError:
+        raise TaskError(
+            f"unknown built-in task {name!r}; available: {', '.join(builtin_tasks.builtin_task_names())}"
+        ) from None
+    examples = validate_examples(spec.generate(), f"builtin:{name}")
+    return Task(
+        name=name,
+        source=f"builtin:{name} ({spec.source})",
+        case_sensitive=spec.case_sensitive,
+        **split_examples(examples, seed=seed, fractions=fractions),
+    )
+
+
+def resolve_tasks(specs: Sequence[str], data_dir: str | Path | None = None, *, seed: int = 0) -> list[Task]:
+    """Turn command-line task specs into tasks.
+
+    Each spec is a built-in name, a task name under ``data_dir``, a task directory, a JSON file,
+    or ``all`` (every task under ``data_dir``, or every built-in task without one).
+    """
+    from site_interp import builtin_tasks
+
+    if list(specs) == ["all"]:
+        specs = list_task_dir(data_dir) if data_dir else builtin_tasks.builtin_task_names()
+    available_dir = set(list_task_dir(data_dir)) if data_dir else set()
+    tasks = []
+    for spec in specs:
+        path = Path(spec)
+        if spec in available_dir:
+            tasks.append(load_task(Path(data_dir) / spec))
+        elif path.is_dir():
+            tasks.append(load_task(path))
+        elif path.suffix == ".json" and path.exists():
+            tasks.append(load_json_task(path, seed=seed))
+        elif spec in builtin_tasks.BUILTIN_TASKS:
+            tasks.append(builtin_task(spec, seed=seed))
+        else:
+            where = f" or in {data_dir}" if data_dir else ""
+            raise TaskError(
+                f"unknown task {spec!r}: not a built-in task{where}, a task directory or a JSON file. "
+                f"Built-in tasks: {', '.join(builtin_tasks.builtin_task_names())}"
+            )
+    return tasks
+
+
+__all__ = [
+    "Example",
+    "Task",
+    "TaskError",
+    "builtin_task",
+    "guess_case_sensitive",
+    "list_task_dir",
+    "load_json_task",
+    "load_task",
+    "load_task_dir",
+    "resolve_tasks",
+    "split_examples",
+    "validate_examples",
+]

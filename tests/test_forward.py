@@ -1,0 +1,73 @@
+import pytest
+import torch
+
+from site_interp.forward import build_prefix_cache, greedy_generate, last_token_logits, prefix_cache_fits
+from site_interp.hooks import injection_hooks
+from site_interp.prompts import encode
+
+PROMPTS = ["Q: hello there\nA:", "Q: x\nA:", "Q: a somewhat longer prompt\nA:", "Q: ab\nA: c\n\nQ: de\nA:"]
+
+
+def _ids(bridge):
+    return [encode(bridge.tokenizer, p) for p in PROMPTS]
+
+
+@torch.no_grad()
+def test_padded_batch_equals_one_by_one(tiny):
+    ids = _ids(tiny)
+    batched = last_token_logits(tiny, ids)
+    single = torch.cat([last_token_logits(tiny, [i]) for i in ids])
+    assert torch.allclose(batched, single, atol=1e-5)
+
+
+@torch.no_grad()
+def test_prefix_cache_equals_full_prompts(tiny):
+    """Also guards the transformers pin: with 5.24 the bridge's KV cache stays empty."""
+    ids = _ids(tiny)
+    L, H, D = tiny.cfg.n_layers, tiny.cfg.n_heads, tiny.cfg.d_head
+    hooks = injection_hooks(torch.rand(L, H), torch.randn(L, H, D))
+    prefix = build_prefix_cache(tiny, ids, batch_size=3)
+    for h in ([], hooks):
+        full = last_token_logits(tiny, ids, h)
+        fast = last_token_logits(tiny, hooks=h, prefix=prefix)
+        assert torch.allclose(full, fast, atol=1e-5)
+    rows = torch.tensor([3, 0])
+    assert torch.allclose(last_token_logits(tiny, hooks=hooks, prefix=prefix, rows=rows),
+                          last_token_logits(tiny, [ids[3], ids[0]], hooks), atol=1e-5)
+
+
+@torch.no_grad()
+def test_cached_and_uncached_generation_agree(tiny):
+    ids = _ids(tiny)
+    L, H, D = tiny.cfg.n_layers, tiny.cfg.n_heads, tiny.cfg.d_head
+    hooks = injection_hooks(torch.rand(L, H), 3 * torch.randn(L, H, D))
+    cached = greedy_generate(tiny, ids, hooks, max_new_tokens=8, stop_at_newline=False)
+    uncached = greedy_generate(tiny, ids, hooks, max_new_tokens=8, use_cache=False, stop_at_newline=False)
+    assert cached == uncached
+    plain = greedy_generate(tiny, ids, [], max_new_tokens=8, stop_at_newline=False)
+    assert plain != cached  # the injection does change what is generated
+
+
+@torch.no_grad()
+def test_generation_injects_only_on_the_prompt_pass(tiny_llama):
+    """Hooks that fire on later (cached) steps would see z with one position; count the calls."""
+    ids = _ids(tiny_llama)
+    seen = []
+
+    def spy(z, *, hook=None):
+        seen.append(z.shape[1])
+        return z
+
+    greedy_generate(tiny_llama, ids, [("blocks.0.attn.hook_z", spy)], max_new_tokens=5, stop_at_newline=False)
+    assert len(seen) == 1 and seen[0] == max(len(i) for i in ids)
+
+
+def test_sliding_window_guard():
+    from site_interp.loading import tiny_bridge
+
+    b = tiny_bridge("gemma3")
+    b.original_model.config.sliding_window = 4
+    ids = _ids(b)
+    assert not prefix_cache_fits(b, ids)
+    with pytest.raises(ValueError, match="sliding"):
+        build_prefix_cache(b, ids)

