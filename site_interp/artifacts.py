@@ -22,6 +22,9 @@ from typing import Any, Mapping
 import torch
 from safetensors.torch import load_file, save_file
 
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+
 PACKAGES = ("site_interp", "torch", "transformers", "transformer-lens", "numpy")
 
 
@@ -55,6 +58,7 @@ def _atomic(path: Path, write) -> None:
     os.close(fd)
     try:
         write(tmp)
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; give the file normal permissions
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

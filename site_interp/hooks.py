@@ -36,7 +36,7 @@ def _rows_and_positions(z: Tensor, positions: int | Tensor) -> tuple[Tensor, Ten
 
 
 def make_soft_injection_hook(
-    alpha: Float[Tensor, "head"] | Float[Tensor, "batch head"],
+    alpha: Float[Tensor, " head"] | Float[Tensor, "batch head"],
     t: Float[Tensor, "head d_head"] | Float[Tensor, "batch head d_head"],
     positions: int | Int[Tensor, " batch"] = -1,
 ) -> HookFn:

@@ -19,14 +19,12 @@ from typing import Sequence
 
 import pandas as pd
 import torch
-import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor
 from tqdm.auto import tqdm
 
 from site_interp.embeddings import TaskEmbedding
-from site_interp.forward import PrefixCache, build_prefix_cache, last_token_logits, prefix_cache_fits
-from site_interp.hooks import injection_hooks
+from site_interp.pool import PromptPool
 from site_interp.prompts import DEFAULT_TEMPLATE, PromptBatch, PromptTemplate, build_prompts, model_context
 from site_interp.tasks import Task, TaskError
 
@@ -109,32 +107,6 @@ def _order(n: int, steps: int, batch_size: int, seed: int) -> list[list[int]]:
     return [flat[i * batch_size : (i + 1) * batch_size] for i in range(steps)]
 
 
-class _Pool:
-    """0-shot prompts of several tasks in one place: ``rows`` index them, ``owner`` maps row -> task."""
-
-    def __init__(self, bridge, batches: list[PromptBatch], fast: bool):
-        self.bridge = bridge
-        self.token_ids = [ids for b in batches for ids in b.token_ids]
-        self.targets = torch.cat([b.target_ids for b in batches])
-        self.owner = torch.cat([torch.full((len(b),), k, dtype=torch.long) for k, b in enumerate(batches)])
-        starts = torch.tensor([0] + [len(b) for b in batches]).cumsum(0).tolist()
-        self.ranges = [torch.arange(starts[k], starts[k + 1]) for k in range(len(batches))]
-        self.prefix: PrefixCache | None = None
-        if fast and prefix_cache_fits(bridge, self.token_ids):
-            self.prefix = build_prefix_cache(bridge, self.token_ids)
-
-    def per_row_losses(self, rows: Tensor, alpha: Tensor, t: Tensor) -> Tensor:
-        """Cross-entropy of each row's first answer token, each row with its own task's alphas."""
-        owner = self.owner[rows]
-        hooks = injection_hooks(alpha[owner], t[owner])
-        if self.prefix is not None:
-            logits = last_token_logits(self.bridge, hooks=hooks, prefix=self.prefix, rows=rows)
-        else:
-            logits = last_token_logits(self.bridge, [self.token_ids[i] for i in rows.tolist()], hooks)
-        logits = logits.float()
-        return F.cross_entropy(logits, self.targets[rows].to(logits.device), reduction="none").cpu()
-
-
 def train_site(
     bridge,
     task: Task,
@@ -181,8 +153,9 @@ def train_site_many(
         schedules.append([[local[i] for i in rows] for rows in order])
         subset = Task(task.name, [task.train[i] for i in used], task.valid, task.test)
         train_batches.append(zero_shot_batch(bridge, subset, "train", template=template))
-    train = _Pool(bridge, train_batches, config.fast)
-    valid = _Pool(bridge, [zero_shot_batch(bridge, t, "valid", config.n_valid, template=template) for t in tasks], config.fast)
+    train = PromptPool(bridge, train_batches, fast=config.fast)
+    valid_batches = [zero_shot_batch(bridge, t, "valid", config.n_valid, template=template) for t in tasks]
+    valid = PromptPool(bridge, valid_batches, fast=config.fast)
 
     logit = torch.zeros(n_tasks, n_layers, n_heads, requires_grad=True)
     opt = torch.optim.Adam([logit], lr=config.lr)
@@ -193,7 +166,7 @@ def train_site_many(
     for step in bar:
         rows = torch.cat([train.ranges[k][schedules[k][step - 1]] for k in range(n_tasks)])
         alpha = torch.sigmoid(logit)
-        losses = train.per_row_losses(rows, alpha, ts)
+        losses = train.losses(rows, alpha[train.owner[rows]], ts[train.owner[rows]])
         task_loss = torch.zeros(n_tasks).index_add(0, train.owner[rows], losses) / config.batch_size
         total = task_loss.sum()
         if config.sparsity:
@@ -227,10 +200,14 @@ def train_site_many(
 
 
 @torch.no_grad()
-def _valid_losses(pool: _Pool, alpha: Tensor, t: Tensor, n_tasks: int, chunk: int = 64) -> Tensor:
+def _valid_losses(pool: PromptPool, alpha: Tensor, t: Tensor, n_tasks: int, chunk: int = 64) -> Tensor:
     """Mean validation loss per task."""
-    rows = torch.arange(len(pool.token_ids))
-    losses = torch.cat([pool.per_row_losses(rows[i : i + chunk], alpha, t) for i in range(0, len(rows), chunk)])
+    parts = []
+    for start in range(0, len(pool), chunk):
+        rows = torch.arange(start, min(start + chunk, len(pool)))
+        owner = pool.owner[rows]
+        parts.append(pool.losses(rows, alpha[owner], t[owner]))
+    losses = torch.cat(parts)
     sums = torch.zeros(n_tasks).index_add(0, pool.owner, losses)
     counts = torch.zeros(n_tasks).index_add(0, pool.owner, torch.ones_like(losses))
     return sums / counts

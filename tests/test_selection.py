@@ -35,9 +35,10 @@ def test_returns_the_best_not_the_last_alphas(tiny_llama, emb_toy):
     validated = {h["step"]: h["valid_loss"] for h in res.history if "valid_loss" in h}
     assert res.best_valid_loss == min(validated.values())
     # the kept alphas reproduce the recorded validation loss of their step
-    from site_interp.selection import _Pool, _valid_losses, zero_shot_batch
+    from site_interp.pool import PromptPool
+    from site_interp.selection import _valid_losses, zero_shot_batch
 
-    pool = _Pool(tiny_llama, [zero_shot_batch(tiny_llama, task, "valid")], fast=True)
+    pool = PromptPool(tiny_llama, [zero_shot_batch(tiny_llama, task, "valid")])
     recomputed = _valid_losses(pool, res.alpha[None], emb.t[None], 1)[0]
     assert recomputed.item() == pytest.approx(res.best_valid_loss, rel=1e-4)
 
