@@ -3,7 +3,8 @@
 Two metrics per query:
 
 * **first token**: the argmax at the last prompt token equals the answer's first token (in context);
-* **exact match**: greedy generation (KV cache, up to ``max_new_tokens``), first line, stripped;
+* **exact match**: greedy generation (KV cache, up to ``max_new_tokens``, stopping early once
+  the outcome is decided), first line, stripped;
   correct when it starts with the target and the target ends at a word boundary
   (``"Paris, France"`` matches ``Paris``; ``"Parisian"`` does not). Both sides are lower-cased
   unless the task is case-sensitive (capitalisation tasks).
@@ -83,6 +84,13 @@ def standard_methods(t=None, alpha=None, n_shots: int = 10) -> list[Method]:
 def normalize(text: str, case_sensitive: bool) -> str:
     text = text.strip()
     return text if case_sensitive else text.lower()
+
+
+def exact_match_decided(generation: str, target: str) -> bool:
+    """Whether more tokens can no longer change :func:`exact_match` (a line ended, or the first
+    line is already longer than the target), so generation can stop early."""
+    text = generation.lstrip()
+    return "\n" in text or len(text) > len(target.strip())
 
 
 def exact_match(generation: str, target: str, case_sensitive: bool = False) -> bool:
@@ -167,7 +175,9 @@ def evaluate(
             ids = [batch.token_ids[i] for i in rows.tolist()]
             if config.exact_match:
                 # the first generated token is the argmax at the last prompt token
-                out = greedy_generate(bridge, ids, hooks, max_new_tokens=config.max_new_tokens)
+                golds = [batch.targets[i] for i in rows.tolist()]
+                out = greedy_generate(bridge, ids, hooks, max_new_tokens=config.max_new_tokens,
+                                      stop=lambda i, text: exact_match_decided(text, golds[i]))
                 preds.extend(g[0] for g in out)
                 gens.extend(bridge.tokenizer.decode(g, skip_special_tokens=True) for g in out)
                 continue

@@ -10,7 +10,7 @@ Logits are computed only where they are scored (``logits_to_keep=1``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 from jaxtyping import Float, Int
@@ -139,21 +139,24 @@ def greedy_generate(
     max_new_tokens: int = 20,
     use_cache: bool = True,
     stop_at_newline: bool = True,
+    stop: Callable[[int, str], bool] | None = None,
 ) -> list[list[int]]:
     """Greedy continuation of left-padded prompts.
 
     ``prompt_hooks`` are active on the prompt pass only. With the KV cache (default) the later
     steps run one token each and are untouched by the hooks; without it every step reruns the
     whole sequence, with the hooks still editing the original last prompt position (the same
-    computation, slower; the tests compare both).
+    computation, slower; the tests compare both). A row also stops at EOS, at a newline
+    (``stop_at_newline``) or when ``stop(row, text_so_far)`` says so; the batch stops when every
+    row has.
     """
     device = model_device(bridge)
     tok = bridge.tokenizer
     ids, mask = left_pad(token_ids, pad_id(tok), device)
     width = ids.shape[1]
     eos = tok.eos_token_id
-    done = torch.zeros(ids.shape[0], dtype=torch.bool, device=device)
     generated: list[list[int]] = [[] for _ in token_ids]
+    active = list(range(len(token_ids)))  # original row of each row still running
     cache = None
     for step in range(max_new_tokens):
         if step == 0 or not use_cache:
@@ -168,17 +171,26 @@ def greedy_generate(
                 ids[:, -1:], attention_mask=mask, past_key_values=cache, return_type="logits_and_cache"
             )
         nxt = logits[:, -1].argmax(-1)
-        for i, t in enumerate(nxt.tolist()):
-            if not done[i]:
-                generated[i].append(t)
+        finished = []
+        for j, (row, t) in enumerate(zip(active, nxt.tolist())):
+            if row < 0:  # finished earlier; still in the batch (uncached path keeps every row)
+                continue
+            generated[row].append(t)
+            text = tok.decode(generated[row], skip_special_tokens=True) if (stop_at_newline or stop) else ""
+            if (t == eos) or (stop_at_newline and "\n" in text) or (stop is not None and stop(row, text)):
+                finished.append(j)
         ids = torch.cat([ids, nxt[:, None]], dim=1)
         mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-        if eos is not None:
-            done |= nxt == eos
-        if stop_at_newline:
-            done |= torch.tensor(["\n" in tok.decode(g) for g in generated], device=device)
-        if bool(done.all()):
+        for j in finished:
+            active[j] = -1
+        if all(row < 0 for row in active):
             break
+        if use_cache and finished:
+            # drop finished rows: later steps cost only what is still running
+            keep = torch.tensor([j for j, row in enumerate(active) if row >= 0], device=device)
+            cache.batch_select_indices(keep)
+            ids, mask = ids[keep], mask[keep]
+            active = [active[j] for j in keep.tolist()]
     return generated
 
 

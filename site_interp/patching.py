@@ -24,7 +24,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from site_interp import similarity
-from site_interp.evaluation import exact_match
+from site_interp.evaluation import exact_match, exact_match_decided
 from site_interp.forward import greedy_generate
 from site_interp.hooks import injection_hooks
 from site_interp.pool import PromptPool
@@ -204,7 +204,8 @@ def _exact_match_rows(bridge, batch, task, alphas, t, config_of_row, query_of_ro
         sl = slice(start, start + cfg.chunk)
         q = query_of_row[sl].tolist()
         hooks = injection_hooks(alphas[config_of_row[sl]], t.expand(len(q), *t.shape))
-        gens = greedy_generate(bridge, [batch.token_ids[i] for i in q], hooks, max_new_tokens=cfg.max_new_tokens)
+        gens = greedy_generate(bridge, [batch.token_ids[i] for i in q], hooks, max_new_tokens=cfg.max_new_tokens,
+                               stop=lambda row, text: exact_match_decided(text, batch.targets[q[row]]))
         out.extend(exact_match(bridge.tokenizer.decode(g, skip_special_tokens=True), batch.targets[i], task.case_sensitive)
                    for g, i in zip(gens, q))
     return out

@@ -34,3 +34,18 @@ def test_evaluate_records_and_alpha_zero_equals_zero_shot(tiny, toy):
         s = ev.summary()
         assert set(s["method"]) == set(df["method"]) and (s["n"] == 6).all()
         assert ("exact_match" in s) == em
+
+
+@pytest.mark.parametrize("target", ["Paris", "New Delhi", "1", "13"])
+@pytest.mark.parametrize(
+    "gen", [" Paris", " Paris\n", " Parisian", " Paris, France", " New Delhi is", " 13", " 1", " 130", " paris x", "\nx"]
+)
+def test_early_stop_never_changes_the_outcome(gen, target):
+    """Once decided, any continuation gives the same exact-match verdict."""
+    from site_interp.evaluation import exact_match_decided
+
+    for cut in range(len(gen) + 1):
+        prefix = gen[:cut]
+        if exact_match_decided(prefix, target):
+            for cs in (True, False):
+                assert exact_match(prefix, target, cs) == exact_match(gen, target, cs), (prefix, gen)
