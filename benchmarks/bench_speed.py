@@ -1,0 +1,153 @@
+"""Speed benchmark: ratios measured side by side in one run, on the embedded model.
+
+    python benchmarks/bench_speed.py                      # P1 + P2 (about 10 minutes on 2 CPU cores)
+    python benchmarks/bench_speed.py --p3 --p4            # + full FV-57 run and 57 x 57 transfer (long on CPU)
+
+P1  task-embedding extraction / a plain hook-free forward over the same batches   (target <= 1.10)
+P2  alpha training: the paper's procedure (batch 1, 400 full-prompt steps, one task at a time)
+    vs our fast path (prefix cache, all tasks in one batch, same schedule -> same alphas),
+    per task, with held-out accuracy of both                                       (target >= 5x)
+P3  FV-57: embeddings + alphas + held-out SITE evaluation, total and per task      (target <= 20 min)
+P4  57 x 57 transfer matrix, 50 queries per task                                   (target <= 10 min)
+
+Timings are wall-clock on whatever machine runs this; nothing here is asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from site_interp import EmbeddingConfig, EvalConfig, SiteConfig, compute_task_embedding, evaluate, load_model
+from site_interp.embeddings import icl_prompt_batch
+from site_interp.evaluation import Method
+from site_interp.forward import model_device
+from site_interp.prompts import left_pad, model_context, pad_id
+from site_interp.selection import train_site, train_site_many
+from site_interp.tasks import load_task_dir
+from site_interp.transfer import transfer_matrix
+
+FV57 = Path(__file__).resolve().parents[2] / "shared" / "data" / "fv57"
+P2_TASKS = ("antonym", "country-capital", "capitalize_first_letter", "present-past", "singular-plural",
+            "english-french", "choose_first_of_3", "next_item", "person-sport", "landmark-country")
+
+
+def p1(bridge, task, cfg: EmbeddingConfig, repeats: int = 3) -> dict:
+    batch = icl_prompt_batch(bridge.tokenizer, task, cfg.n_prompts, cfg.n_shots, cfg.seed, max_length=model_context(bridge))
+    device = model_device(bridge)
+    chunks = [left_pad(batch.token_ids[i : i + cfg.batch_size], pad_id(bridge.tokenizer), device)
+              for i in range(0, len(batch), cfg.batch_size)]
+
+    @torch.no_grad()
+    def plain():
+        for ids, mask in chunks:
+            bridge(ids, attention_mask=mask, logits_to_keep=1)
+
+    def ours():
+        compute_task_embedding(bridge, task, cfg, progress=False)
+
+    times = {"plain": [], "embedding": []}
+    for _ in range(repeats):  # interleaved, so drift hits both alike
+        for name, fn in (("plain", plain), ("embedding", ours)):
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    best = {k: min(v) for k, v in times.items()}
+    return {"task": task.name, "plain_s": best["plain"], "embedding_s": best["embedding"],
+            "ratio": best["embedding"] / best["plain"]}
+
+
+def p2(bridge, tasks, embeddings, steps: int, n_test: int) -> dict:
+    cfg = SiteConfig(steps=steps, batch_size=1)
+    t0 = time.perf_counter()
+    joint = train_site_many(bridge, tasks, embeddings, cfg, progress=False)
+    ours_s = time.perf_counter() - t0
+    paper_task, paper_emb = tasks[0], embeddings[0]
+    t0 = time.perf_counter()
+    paper = train_site(bridge, paper_task, paper_emb, SiteConfig(steps=steps, batch_size=1, fast=False), progress=False)
+    paper_s = time.perf_counter() - t0
+    evcfg = EvalConfig(n_test=n_test, exact_match=False)
+    acc = {}
+    for name, alpha in (("paper", paper.alpha), ("ours", joint[0].alpha)):
+        ev = evaluate(bridge, paper_task, [Method("SITE", alpha=alpha, t=paper_emb.t)], evcfg, progress=False)
+        acc[name] = 100 * ev.accuracy("SITE")
+    return {"tasks_in_batch": len(tasks), "steps": steps, "paper_s_per_task": paper_s, "ours_s_total": ours_s,
+            "ours_s_per_task": ours_s / len(tasks), "speedup": paper_s / (ours_s / len(tasks)),
+            "max_alpha_diff": float((paper.alpha - joint[0].alpha).abs().max()),
+            "heldout_acc_paper": acc["paper"], "heldout_acc_ours": acc["ours"], "task": paper_task.name}
+
+
+def p3(bridge, tasks, n_test: int) -> tuple[dict, dict, dict]:
+    t0 = time.perf_counter()
+    embs = [compute_task_embedding(bridge, t, EmbeddingConfig(), progress=True) for t in tasks]
+    t_emb = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    sites = train_site_many(bridge, tasks, embs, SiteConfig(), progress=True)
+    t_train = time.perf_counter() - t1
+    t2 = time.perf_counter()
+    accs = {}
+    for task, emb, site in zip(tasks, embs, sites):
+        ev = evaluate(bridge, task, [Method("0-shot"), Method("SITE", alpha=site.alpha, t=emb.t)],
+                      EvalConfig(n_test=n_test, exact_match=False), progress=False)
+        accs[task.name] = {"0-shot": 100 * ev.accuracy("0-shot"), "SITE": 100 * ev.accuracy("SITE")}
+    t_eval = time.perf_counter() - t2
+    total = t_emb + t_train + t_eval
+    return ({"tasks": len(tasks), "embedding_s": t_emb, "training_s": t_train, "evaluation_s": t_eval,
+             "total_min": total / 60, "per_task_s": total / len(tasks)},
+            {t.name: e.t for t, e in zip(tasks, embs)}, {t.name: s.alpha for t, s in zip(tasks, sites)}), accs
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="gemma-3-270m")
+    p.add_argument("--data-dir", default=str(FV57))
+    p.add_argument("--p2-tasks", type=int, default=6, help="tasks trained in one batch for P2")
+    p.add_argument("--steps", type=int, default=400)
+    p.add_argument("--n-test", type=int, default=50)
+    p.add_argument("--p3", action="store_true", help="run the full FV-57 pipeline (long on CPU)")
+    p.add_argument("--p4", action="store_true", help="57 x 57 transfer (needs --p3's embeddings and alphas)")
+    p.add_argument("--out", default="benchmarks/results.json")
+    args = p.parse_args()
+    torch.set_grad_enabled(True)
+    bridge = load_model(args.model)
+    report: dict = {"model": args.model, "threads": torch.get_num_threads(), "device": str(model_device(bridge))}
+    tasks = load_task_dir(args.data_dir, P2_TASKS[: args.p2_tasks])
+    task_list = list(tasks.values())
+
+    report["P1"] = p1(bridge, task_list[0], EmbeddingConfig())
+    print(f"P1 embedding / plain forward: {report['P1']['ratio']:.3f} "
+          f"({report['P1']['embedding_s']:.2f} s vs {report['P1']['plain_s']:.2f} s)", flush=True)
+
+    embs = [compute_task_embedding(bridge, t, EmbeddingConfig(), progress=False) for t in task_list]
+    report["P2"] = p2(bridge, task_list, embs, args.steps, args.n_test)
+    r = report["P2"]
+    print(f"P2 training per task: paper {r['paper_s_per_task']:.1f} s, ours {r['ours_s_per_task']:.1f} s "
+          f"({r['tasks_in_batch']} tasks in one batch) -> {r['speedup']:.2f}x; held-out {r['task']}: "
+          f"paper {r['heldout_acc_paper']:.0f}%, ours {r['heldout_acc_ours']:.0f}% (max |alpha diff| "
+          f"{r['max_alpha_diff']:.1e})", flush=True)
+
+    if args.p3:
+        all_tasks = list(load_task_dir(args.data_dir).values())
+        (report["P3"], embs57, alphas57), accs = p3(bridge, all_tasks, args.n_test)
+        report["P3_accuracy"] = accs
+        print(f"P3 FV-57: {report['P3']['total_min']:.1f} min ({report['P3']['per_task_s']:.1f} s per task: "
+              f"embeddings {report['P3']['embedding_s']:.0f} s, training {report['P3']['training_s']:.0f} s, "
+              f"evaluation {report['P3']['evaluation_s']:.0f} s)", flush=True)
+        if args.p4:
+            t0 = time.perf_counter()
+            tr = transfer_matrix(bridge, all_tasks, embs57, alphas57, n_test=args.n_test, progress=True)
+            report["P4"] = {"tasks": len(all_tasks), "queries_per_task": args.n_test,
+                            "minutes": (time.perf_counter() - t0) / 60, **tr.diagonal_summary()}
+            print(f"P4 {len(all_tasks)} x {len(all_tasks)} transfer: {report['P4']['minutes']:.1f} min", flush=True)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    print(f"written {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
