@@ -17,6 +17,8 @@ from jaxtyping import Float
 from plotly.subplots import make_subplots
 from torch import Tensor
 
+from site_interp.similarity import reorder_tasks
+
 ALPHA_HOVER = (
     "task: %{customdata[2]}<br>layer: %{customdata[0]}<br>head: %{customdata[1]}"
     "<br>alpha: %{z:.3f}<extra></extra>"
@@ -36,16 +38,6 @@ _LAYOUT: dict[str, Any] = {"template": "simple_white", "font": {"size": 12}, "ma
 
 def _np(x: Any) -> np.ndarray:
     return x.detach().cpu().float().numpy() if isinstance(x, Tensor) else np.asarray(x, dtype=float)
-
-
-def _reorder(m: pd.DataFrame, order: Sequence[str] | None) -> pd.DataFrame:
-    """Rows and columns of ``m`` in ``order`` first (names not in ``m`` skipped), the rest after."""
-    if order is None:
-        return m
-    seen = set(order)
-    rows = [o for o in order if o in m.index] + [r for r in m.index if r not in seen]
-    cols = [o for o in order if o in m.columns] + [c for c in m.columns if c not in seen]
-    return m.loc[rows, cols]
 
 
 def _rgba(hex_color: str, alpha: float) -> str:
@@ -151,7 +143,7 @@ def interactive_transfer(
     """Cross-task transfer (rows: alphas from, columns: evaluated on), in percent on 0–100,
     or (``normalized``) ratios on a diverging scale centred at 1. ``order`` reorders rows and
     columns; values are written in the cells when ``annotate`` and at most 15 tasks."""
-    m = _reorder(matrix, order)
+    m = reorder_tasks(matrix, order)
     small = annotate and max(m.shape) <= 15
     if normalized:
         value, text = "relative accuracy: %{z:.2f}", "%{z:.2f}"
@@ -176,7 +168,7 @@ def interactive_similarity(
     columns; hover shows task a (row), task b (column) and the similarity."""
     hover = "task a: %{customdata[0]}<br>task b: %{customdata[1]}<br>similarity: %{z:.3f}<extra></extra>"
     return _matrix_figure(
-        _reorder(sim, order), hover, "task b", "task a", None,
+        reorder_tasks(sim, order), hover, "task b", "task a", None,
         colorscale=colorscale, zmin=zmin, zmax=zmax, colorbar={"title": {"text": "similarity"}},
     )
 

@@ -35,6 +35,8 @@ from matplotlib.ticker import NullLocator  # noqa: E402
 from scipy.cluster import hierarchy  # noqa: E402
 from torch import Tensor  # noqa: E402
 
+from site_interp.similarity import reorder_tasks  # noqa: E402
+
 FORMATS = ("png", "pdf", "svg")
 Width = Literal["one", "two"] | float
 """Figure width: ``"one"`` column (3.5 in), ``"two"`` columns (7 in), or inches."""
@@ -106,16 +108,6 @@ def _require(df: pd.DataFrame, columns: Sequence[str], what: str) -> None:
     missing = [c for c in columns if c not in df.columns]
     if missing:
         raise ValueError(f"{what} lacks columns {missing}; has {list(df.columns)}")
-
-
-def _reorder(m: pd.DataFrame, order: Sequence[str] | None) -> pd.DataFrame:
-    """Rows and columns of ``m`` in ``order`` first (names not in ``m`` skipped), the rest after."""
-    if order is None:
-        return m
-    seen = set(order)
-    rows = [o for o in order if o in m.index] + [r for r in m.index if r not in seen]
-    cols = [o for o in order if o in m.columns] + [c for c in m.columns if c not in seen]
-    return m.loc[rows, cols]
 
 
 def _fmt_k(k: float) -> str:
@@ -303,7 +295,7 @@ def transfer_heatmap(
     annotated when ``annotate`` and at most 15 tasks; the diagonal cells are outlined.
     ``width`` defaults to one column up to 8 tasks, two columns beyond.
     """
-    m = _reorder(matrix, order).astype(float)
+    m = reorder_tasks(matrix, order).astype(float)
     n_rows, n_cols = m.shape
     n = max(n_rows, n_cols)
     w = figure_width(width if width is not None else ("one" if n <= 8 else "two"))

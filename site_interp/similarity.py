@@ -394,3 +394,13 @@ def similarity_vs_transfer(
         lo, hi = np.quantile(boots, [0.025, 0.975])
         out["pearson_ci"] = (float(lo), float(hi))
     return out
+
+
+def reorder_tasks(m: pd.DataFrame, order: Sequence[str] | None) -> pd.DataFrame:
+    """Rows and columns of ``m`` in ``order`` first (names not in ``m`` skipped), the rest after."""
+    if order is None:
+        return m
+    seen = set(order)
+    rows = [o for o in order if o in m.index] + [r for r in m.index if r not in seen]
+    cols = [o for o in order if o in m.columns] + [c for c in m.columns if c not in seen]
+    return m.loc[rows, cols]
