@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import torch
+import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
@@ -78,14 +79,72 @@ class PrefixCache:
     def n(self) -> int:
         return self.last_ids.shape[0]
 
+    def gather(self, rows: Int[Tensor, " batch"], width: int | None = None):
+        """Keys, values, mask and last tokens of ``rows``, left-padded to ``width`` if wider."""
+        rows = rows.to(self.last_ids.device)
+        pad = 0 if width is None else width - self.mask.shape[1]
+        keys = [F.pad(k[rows], (0, 0, pad, 0)) for k in self.keys]
+        values = [F.pad(v[rows], (0, 0, pad, 0)) for v in self.values]
+        return keys, values, F.pad(self.mask[rows], (pad, 0)), self.last_ids[rows]
+
     def select(self, rows: Int[Tensor, " batch"]):
         """A fresh cache (and last tokens, mask) for ``rows``; the stored tensors are untouched."""
-        from transformers import DynamicCache
+        keys, values, mask, last = self.gather(rows)
+        return _dynamic_cache(keys, values, self.hf_config), last, mask
 
-        rows = rows.to(self.last_ids.device)
-        data = [(k[rows], v[rows]) for k, v in zip(self.keys, self.values)]
-        cache = DynamicCache(ddp_cache_data=data, config=self.hf_config)
-        return cache, self.last_ids[rows], self.mask[rows]
+
+def _dynamic_cache(keys: list[Tensor], values: list[Tensor], hf_config):
+    from transformers import DynamicCache
+
+    return DynamicCache(ddp_cache_data=list(zip(keys, values)), config=hf_config)
+
+
+class SegmentedPrefixCache:
+    """Several :class:`PrefixCache` segments (e.g. one per task) behind one row index.
+
+    Each segment is padded only to its own longest prompt; :meth:`select` pads the chosen rows to
+    the longest among them. Short tasks thus never pay for a long task's prompts.
+    """
+
+    def __init__(self, segments: Sequence[PrefixCache]):
+        self.segments = list(segments)
+        sizes = [s.n for s in self.segments]
+        self.segment_of = torch.cat([torch.full((n,), i, dtype=torch.long) for i, n in enumerate(sizes)])
+        starts = torch.tensor([0] + sizes[:-1]).cumsum(0)
+        self.local = torch.arange(sum(sizes)) - starts[self.segment_of]
+
+    @property
+    def n(self) -> int:
+        return len(self.segment_of)
+
+    def select(self, rows: Int[Tensor, " batch"]):
+        rows = rows.cpu()
+        seg = self.segment_of[rows]
+        used = seg.unique().tolist()
+        width = max(self.segments[i].mask.shape[1] for i in used)
+        parts, order = [], []
+        for i in used:
+            pick = (seg == i).nonzero().flatten()
+            parts.append(self.segments[i].gather(self.local[rows[pick]], width))
+            order.append(pick)
+        inverse = torch.empty(len(rows), dtype=torch.long)
+        inverse[torch.cat(order)] = torch.arange(len(rows))
+        n_layers = len(parts[0][0])
+        device = parts[0][3].device
+        inverse = inverse.to(device)
+        keys = [torch.cat([p[0][layer] for p in parts])[inverse] for layer in range(n_layers)]
+        values = [torch.cat([p[1][layer] for p in parts])[inverse] for layer in range(n_layers)]
+        mask = torch.cat([p[2] for p in parts])[inverse]
+        last = torch.cat([p[3] for p in parts])[inverse]
+        return _dynamic_cache(keys, values, self.segments[0].hf_config), last, mask
+
+
+def prefix_cache_bytes(bridge, token_ids: Sequence[Sequence[int]]) -> int:
+    """Memory a prefix cache of these prompts (padded to their longest) would take."""
+    cfg = bridge.cfg
+    kv_heads = getattr(cfg, "n_key_value_heads", None) or cfg.n_heads
+    per_token = cfg.n_layers * 2 * kv_heads * cfg.d_head * torch.finfo(cfg.dtype).bits // 8
+    return len(token_ids) * (max(len(t) for t in token_ids) - 1) * per_token
 
 
 def prefix_cache_fits(bridge, token_ids: Sequence[Sequence[int]]) -> bool:
@@ -213,6 +272,8 @@ def _shift_hooks(prompt_hooks: Hooks, width: int) -> Hooks:
 
 __all__ = [
     "PrefixCache",
+    "SegmentedPrefixCache",
+    "prefix_cache_bytes",
     "build_prefix_cache",
     "prefix_cache_fits",
     "greedy_generate",

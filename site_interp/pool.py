@@ -9,6 +9,7 @@ many tasks, many patching configurations or many transfer entries.
 
 from __future__ import annotations
 
+import logging
 from typing import Sequence
 
 import torch
@@ -17,9 +18,17 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from site_interp.forward import PrefixCache, build_prefix_cache, last_token_logits, prefix_cache_fits
+from site_interp.forward import (
+    SegmentedPrefixCache,
+    build_prefix_cache,
+    last_token_logits,
+    prefix_cache_bytes,
+    prefix_cache_fits,
+)
 from site_interp.hooks import injection_hooks
 from site_interp.prompts import PromptBatch
+
+log = logging.getLogger(__name__)
 
 
 class PromptPool:
@@ -28,16 +37,20 @@ class PromptPool:
     ``owner[row]`` is the index of the batch (task) a row came from; ``ranges[k]`` its rows.
     """
 
-    def __init__(self, bridge, batches: Sequence[PromptBatch], *, fast: bool = True):
+    def __init__(self, bridge, batches: Sequence[PromptBatch], *, fast: bool = True, max_cache_gib: float = 8.0):
         self.bridge = bridge
         self.token_ids = [ids for b in batches for ids in b.token_ids]
         self.targets = torch.cat([b.target_ids for b in batches])
         self.owner = torch.cat([torch.full((len(b),), k, dtype=torch.long) for k, b in enumerate(batches)])
         starts = torch.tensor([0] + [len(b) for b in batches]).cumsum(0).tolist()
         self.ranges = [torch.arange(starts[k], starts[k + 1]) for k in range(len(batches))]
-        self.prefix: PrefixCache | None = None
+        self.prefix: SegmentedPrefixCache | None = None
         if fast and prefix_cache_fits(bridge, self.token_ids):
-            self.prefix = build_prefix_cache(bridge, self.token_ids)
+            need = sum(prefix_cache_bytes(bridge, b.token_ids) for b in batches if len(b))
+            if need <= max_cache_gib * 2**30:
+                self.prefix = SegmentedPrefixCache([build_prefix_cache(bridge, b.token_ids) for b in batches if len(b)])
+            else:
+                log.info("prefix cache would take %.1f GiB (> %.1f): running full prompts", need / 2**30, max_cache_gib)
 
     def __len__(self) -> int:
         return len(self.token_ids)

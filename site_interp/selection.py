@@ -43,8 +43,10 @@ class SiteConfig:
     gemma-3-270m."""
     eval_every: int = 50
     """Validate every this many steps (and after the last); the best validation loss wins."""
-    n_valid: int | None = None
-    """Validation queries (None: the whole valid split)."""
+    n_valid: int | None = 100
+    """Validation queries: the first ``n_valid`` of the valid split (None: all of it). Capped so
+    that tasks with large valid splits (commonsense_qa: 987) do not spend more time validating
+    than training."""
     sparsity: float = 0.0
     """Coefficient of ``sum(alpha)`` added to the loss (0 = the paper)."""
     seed: int = 0
@@ -128,14 +130,61 @@ def train_site_many(
     *,
     template: PromptTemplate = DEFAULT_TEMPLATE,
     progress: bool = True,
+    max_cache_gib: float = 8.0,
 ) -> list[SiteResult]:
     """Train the alphas of several tasks at once, each on its own rows of one shared batch.
 
     Each task keeps its own parameters, schedule of training examples (seeded as if alone),
     validation and best step. The loss summed over tasks has, for each task's alphas, exactly
     that task's gradient, and Adam acts element-wise, so this equals training every task
-    separately (up to float rounding) while every weight read serves all tasks.
+    separately (up to float rounding) while every weight read serves all tasks. Tasks are
+    trained in groups whose prefix caches fit in ``max_cache_gib``.
     """
+    results: dict[int, SiteResult] = {}
+    for group in _groups(bridge, tasks, config, max_cache_gib):
+        trained = _train_joint(bridge, [tasks[k] for k in group], [embeddings[k] for k in group], config,
+                               template=template, progress=progress, max_cache_gib=max_cache_gib)
+        results.update(zip(group, trained))
+    return [results[k] for k in range(len(tasks))]
+
+
+def _groups(bridge, tasks: Sequence[Task], config: SiteConfig, max_cache_gib: float) -> list[list[int]]:
+    """Groups of task indices whose training + validation caches fit the budget.
+
+    Tasks are taken shortest prompts first, so that rows padded together have similar lengths.
+    """
+    from site_interp.forward import prefix_cache_bytes
+    from site_interp.prompts import encode
+
+    budget = max_cache_gib * 2**30
+    needs = []
+    for task in tasks:
+        n_rows = min(len(task.train), config.steps * config.batch_size)
+        sample = [encode(bridge.tokenizer, e["input"]) for e in task.train[:200] + task.valid[:200]]
+        # prompt = template + input: a few tokens more than the input alone
+        needs.append(prefix_cache_bytes(bridge, [s + [0] * 8 for s in sample]) / len(sample) * (n_rows + len(task.valid)))
+    groups: list[list[int]] = [[]]
+    used = 0.0
+    for k in sorted(range(len(tasks)), key=lambda i: needs[i] / (1 + len(tasks[i].train) + len(tasks[i].valid))):
+        need = needs[k]
+        if groups[-1] and used + need > budget:
+            groups.append([])
+            used = 0.0
+        groups[-1].append(k)
+        used += need
+    return groups
+
+
+def _train_joint(
+    bridge,
+    tasks: Sequence[Task],
+    embeddings: Sequence[TaskEmbedding | Float[Tensor, "layer head d_head"]],
+    config: SiteConfig,
+    *,
+    template: PromptTemplate,
+    progress: bool,
+    max_cache_gib: float,
+) -> list[SiteResult]:
     t0 = time.perf_counter()
     ts = torch.stack([e.t if isinstance(e, TaskEmbedding) else e for e in embeddings]).float()
     n_tasks, n_layers, n_heads = ts.shape[:3]
@@ -153,9 +202,9 @@ def train_site_many(
         schedules.append([[local[i] for i in rows] for rows in order])
         subset = Task(task.name, [task.train[i] for i in used], task.valid, task.test)
         train_batches.append(zero_shot_batch(bridge, subset, "train", template=template))
-    train = PromptPool(bridge, train_batches, fast=config.fast)
+    train = PromptPool(bridge, train_batches, fast=config.fast, max_cache_gib=max_cache_gib)
     valid_batches = [zero_shot_batch(bridge, t, "valid", config.n_valid, template=template) for t in tasks]
-    valid = PromptPool(bridge, valid_batches, fast=config.fast)
+    valid = PromptPool(bridge, valid_batches, fast=config.fast, max_cache_gib=max_cache_gib)
 
     logit = torch.zeros(n_tasks, n_layers, n_heads, requires_grad=True)
     opt = torch.optim.Adam([logit], lr=config.lr)

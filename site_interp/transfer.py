@@ -98,10 +98,10 @@ def transfer_matrix(
     sources = torch.cat([a, torch.zeros_like(a[:1]), torch.full_like(a[:1], 0.5)])  # + references
     source_names = names + list(REFERENCES)
     n_src = len(source_names)
-    # rows: every query of every target, repeated for every source
-    query_rows = torch.arange(len(pool))
-    rows = query_rows.repeat(n_src)
-    src = torch.arange(n_src).repeat_interleave(len(pool))
+    # rows: every query of every target under every source; target-major, so that a batch holds
+    # prompts of one task (similar lengths: little padding)
+    rows = torch.arange(len(pool)).repeat_interleave(n_src)
+    src = torch.arange(n_src).repeat(len(pool))
     target = pool.owner[rows]
     correct = pool.correct(rows, sources[src], ts[target], chunk=chunk, progress=progress, desc="transfer")
     starts = torch.stack([r[0] for r in pool.ranges])

@@ -71,3 +71,29 @@ def test_sliding_window_guard():
     assert not prefix_cache_fits(b, ids)
     with pytest.raises(ValueError, match="sliding"):
         build_prefix_cache(b, ids)
+
+
+@torch.no_grad()
+def test_segmented_prefix_cache_equals_full_prompts(tiny):
+    from site_interp.forward import SegmentedPrefixCache
+
+    ids = _ids(tiny)
+    segments = [ids[:1], ids[1:]]  # different widths: rows are padded at select time
+    cache = SegmentedPrefixCache([build_prefix_cache(tiny, s) for s in segments])
+    L, H, D = tiny.cfg.n_layers, tiny.cfg.n_heads, tiny.cfg.d_head
+    hooks = injection_hooks(torch.rand(L, H), torch.randn(L, H, D))
+    rows = torch.tensor([2, 0, 3, 1])
+    expected = last_token_logits(tiny, [ids[i] for i in rows.tolist()], hooks)
+    assert torch.allclose(last_token_logits(tiny, hooks=hooks, prefix=cache, rows=rows), expected, atol=1e-5)
+
+
+def test_pool_falls_back_to_full_prompts_over_the_memory_budget(tiny_llama):
+    from site_interp.pool import PromptPool
+    from site_interp.prompts import build_prompts
+
+    batch = build_prompts(tiny_llama.tokenizer, [{"input": "ab", "output": "c"}, {"input": "abcd", "output": "e"}])
+    assert PromptPool(tiny_llama, [batch]).prefix is not None
+    small = PromptPool(tiny_llama, [batch], max_cache_gib=1e-9)
+    assert small.prefix is None
+    rows = torch.arange(2)
+    assert torch.equal(small.correct(rows), PromptPool(tiny_llama, [batch]).correct(rows))

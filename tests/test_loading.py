@@ -74,3 +74,11 @@ def test_smollm2_gqa_and_bos():
     with torch.no_grad():
         b.run_with_hooks(torch.tensor([ids]), fwd_hooks=capture_hooks(b.cfg.n_layers, store), logits_to_keep=1)
     assert store[0].shape == (1, 9, 64)
+    # SITE end to end with 3 KV heads shared by 9 query heads
+    from site_interp import EmbeddingConfig, SiteConfig, builtin_task, compute_task_embedding, train_site
+
+    task = builtin_task("capitalize")
+    emb = compute_task_embedding(b, task, EmbeddingConfig(n_prompts=4, n_shots=3), progress=False)
+    res = train_site(b, task, emb, SiteConfig(steps=3, batch_size=2, eval_every=3, n_valid=8), progress=False)
+    assert emb.t.shape == (30, 9, 64) and res.alpha.shape == (30, 9)
+    assert torch.isfinite(res.alpha).all() and (res.alpha != 0.5).any()

@@ -90,3 +90,16 @@ def test_nan_loss_is_a_clear_error(tiny_llama, emb_toy):
 def test_embedding_from_another_model_is_refused(tiny_llama, toy):
     with pytest.raises(ValueError, match="another model"):
         train_site(tiny_llama, toy, torch.zeros(5, 4, 16), CFG, progress=False)
+
+
+def test_tasks_are_grouped_by_cache_budget_with_the_same_result(tiny_llama):
+    from site_interp.selection import _groups
+
+    tasks = [toy_task("t1"), toy_task("t2"), toy_task("t3")]
+    assert _groups(tiny_llama, tasks, CFG, 4.0) == [[0, 1, 2]]
+    assert _groups(tiny_llama, tasks, CFG, 1e-9) == [[0], [1], [2]]
+    embs = [compute_task_embedding(tiny_llama, t, EmbeddingConfig(n_prompts=4, n_shots=2), progress=False) for t in tasks]
+    one = train_site_many(tiny_llama, tasks, embs, CFG, progress=False)
+    split = train_site_many(tiny_llama, tasks, embs, CFG, progress=False, max_cache_gib=1e-9)
+    for a, b in zip(one, split):
+        assert torch.allclose(a.alpha, b.alpha, atol=1e-4) and a.task == b.task
