@@ -14,17 +14,18 @@ import argparse
 import logging
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 
 import pandas as pd
 
-from site_interp.artifacts import ArtifactMismatchError, slug
+from site_interp.artifacts import ArtifactMismatchError, slug, write_json, write_text
 from site_interp.figures import make_figures
 from site_interp.patching import MODES, PatchConfig
-from site_interp.pipeline import model_id, run_tasks
+from site_interp.pipeline import RunConfig, model_id, run_tasks
 from site_interp.run import add_model_args, add_pipeline_args, add_task_args, config_from_args, load_from_args
-from site_interp.study import METRICS, StudyConfig, run_study
+from site_interp.study import METRICS, StudyConfig, run_study, stability_study
 from site_interp.tasks import TaskError, resolve_tasks
 
 #: Default study: six built-in tasks of different kinds (about 15 minutes on a 2-core CPU).
@@ -49,8 +50,24 @@ def build_parser() -> argparse.ArgumentParser:
                    help="head sets for overlap: top-k heads by alpha (default: heads with alpha > 0.5)")
     g.add_argument("--cluster-metric", choices=list(METRICS), default="jaccard", help="similarity to cluster on")
     g.add_argument("--n-perm", type=int, default=1000, help="permutations of the overlap null (1000)")
+    g.add_argument("--stability-seeds", type=int, nargs="*", default=[],
+                   help="also retrain every task with these seeds and report how stable its head set is")
+    g.add_argument("--stability-batch-sizes", type=int, nargs="*", default=[],
+                   help="also retrain with these batch sizes (steps scaled to keep steps x batch) for stability")
     g.add_argument("--formats", nargs="+", default=["png"], choices=["png", "pdf", "svg"], help="figure formats")
     return p
+
+
+def _variants(cfg: RunConfig, seeds: Sequence[int], batch_sizes: Sequence[int]) -> dict[str, RunConfig]:
+    """Other seeds (everything seeded changes: prompts, demos, order) and batch sizes for stability."""
+    out = {}
+    for seed in seeds:
+        out[f"seed{seed}"] = replace(cfg, embedding=replace(cfg.embedding, seed=seed), site=replace(cfg.site, seed=seed))
+    for bs in batch_sizes:
+        steps = max(1, cfg.site.steps * cfg.site.batch_size // bs)
+        out[f"batch{bs}"] = replace(cfg, site=replace(cfg.site, batch_size=bs, steps=steps,
+                                                      eval_every=max(1, cfg.site.eval_every * steps // cfg.site.steps)))
+    return out
 
 
 def _headline(result) -> str:
@@ -94,6 +111,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         root = Path(args.out) / slug(model_id(bridge))
         t2 = time.perf_counter()
         result = run_study(bridge, runs, study_cfg, root / "study", progress=progress)
+        stability = None
+        variants = _variants(run_cfg, args.stability_seeds, args.stability_batch_sizes)
+        if variants:
+            stability = stability_study(bridge, runs, variants, root, top_k=args.top_k, progress=progress)
+            write_text(root / "study" / "stability.csv", stability[0].to_csv(index=False))
+            write_json(root / "study" / "stability.json", {"variants": {k: v.to_dict() for k, v in variants.items()},
+                                                          **stability[1]})
         t_study = time.perf_counter() - t2
     except (TaskError, ArtifactMismatchError, FloatingPointError, ValueError, ModuleNotFoundError,
             FileNotFoundError, KeyError) as err:
@@ -114,6 +138,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"Head overlap (Jaccard): mean {o['jaccard'].mean():.2f} vs permutation null {o['null_mean'].mean():.2f}; "
               f"{int((o['p_value'] < 0.05).sum())}/{len(o)} pairs above the null at p < 0.05")
         print(f"Clustering order ({args.cluster_metric}): {' | '.join(result.order)}")
+    if stability is not None:
+        w = stability[1]
+        print(f"Head-set stability ({len(variants) + 1} runs per task): Jaccard within a task {w['within']:.2f}, "
+              f"across tasks {w['across']:.2f}")
+        print(stability[0].round(2).to_string(index=False))
     if result.relation is not None and result.relation.get("pearson_r") is not None:
         r = result.relation
         print(f"Overlap vs transfer: Pearson r = {r['pearson_r']:.2f} (95% CI {r['pearson_ci'][0]:.2f} to "

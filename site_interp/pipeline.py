@@ -116,13 +116,15 @@ def _save_alphas(bridge, task: Task, cfg: RunConfig, directory: Path, res: SiteR
 
 
 def run_tasks(
-    bridge, tasks: list[Task], cfg: RunConfig = RunConfig(), out: str | Path | None = None, *, progress: bool = True
+    bridge, tasks: list[Task], cfg: RunConfig = RunConfig(), out: str | Path | None = None, *, progress: bool = True,
+    evaluate_methods: bool = True,
 ) -> list[TaskRun]:
     """Embedding -> alphas -> evaluation for every task; artifacts under ``out`` when given.
 
     Alphas missing from the cache are trained for all those tasks at once
     (:func:`~site_interp.selection.train_site_many`: same result as one by one, one weight read
     per step for all of them). Training time is reported per task as the joint time / tasks.
+    ``evaluate_methods=False`` stops after training (the runs then carry an empty evaluation).
     """
     dirs = [task_dir(out, bridge, t) if out is not None else None for t in tasks]
     timings: list[dict[str, float]] = [{} for _ in tasks]
@@ -146,6 +148,10 @@ def run_tasks(
         assert site is not None
         timings[k]["training"] = site.seconds if k in todo else 0.0
         t0 = time.perf_counter()
+        if not evaluate_methods:
+            runs.append(TaskRun(task=task, embedding=embs[k], site=site, evaluation=TaskEvaluation(task.name),
+                                timings=timings[k], directory=dirs[k]))
+            continue
         evaluation = evaluate(bridge, task, standard_methods(embs[k].t, site.alpha, cfg.eval.n_shots), cfg.eval,
                               progress=progress)
         timings[k]["evaluation"] = time.perf_counter() - t0

@@ -18,14 +18,14 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import pandas as pd
 
 from site_interp import similarity
 from site_interp.artifacts import provenance, write_json, write_text
 from site_interp.patching import PatchConfig, PatchingResult, patching_study
-from site_interp.pipeline import TaskRun
+from site_interp.pipeline import RunConfig, TaskRun, run_tasks
 from site_interp.transfer import TransferResult, transfer_matrix
 
 METRICS = ("jaccard", "cosine", "spearman")
@@ -73,6 +73,26 @@ class StudyResult:
 
     def patching_summary(self) -> pd.DataFrame:
         return pd.concat([p.summary() for p in self.patching.values()], ignore_index=True)
+
+
+def stability_study(
+    bridge, runs: Sequence[TaskRun], variants: Mapping[str, RunConfig], out: str | Path | None = None,
+    *, top_k: int | None = None, progress: bool = True,
+) -> tuple[pd.DataFrame, dict]:
+    """Retrain every task's alphas under other settings (seeds, batch sizes) and measure how stable
+    its head set is: per task, Jaccard between its runs; overall, within-task vs across-task.
+
+    ``variants`` maps a name (e.g. ``seed1``) to a configuration; their artifacts go under
+    ``out/variants/<name>``. The original runs count as one run per task.
+    """
+    alphas: dict[str, list] = {r.task.name: [r.site.alpha] for r in runs}
+    tasks = [r.task for r in runs]
+    for name, cfg in variants.items():
+        target = Path(out) / "variants" / name if out is not None else None
+        for r in run_tasks(bridge, tasks, cfg, target, progress=progress, evaluate_methods=False):
+            alphas[r.task.name].append(r.site.alpha)
+    table = similarity.stability_table(alphas, k=top_k)
+    return table, similarity.within_vs_across(alphas, k=top_k)
 
 
 def _jsonable_relation(rel: dict) -> dict:

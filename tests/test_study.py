@@ -5,7 +5,8 @@ from site_interp.patch import main as patch_main
 
 ARGS = ["--model", "tiny-llama", "--tasks", "capitalize", "next_item", "first_letter", "--n-prompts", "4",
         "--n-shots", "2", "--steps", "4", "--eval-every", "2", "--n-test", "6", "--max-new-tokens", "2",
-        "--ks", "1", "4", "--n-random", "2", "--n-perm", "50", "--quiet"]
+        "--ks", "1", "4", "--n-random", "2", "--n-perm", "50", "--quiet",
+        "--stability-seeds", "1", "--stability-batch-sizes", "2"]
 
 
 def test_patch_cli_writes_study_and_figures(tmp_path, capsys):
@@ -17,6 +18,9 @@ def test_patch_cli_writes_study_and_figures(tmp_path, capsys):
     for name in ("patching_summary.csv", "patching_records.csv", "transfer.csv", "transfer_normalized.csv",
                  "similarity_jaccard.csv", "overlap.csv", "clustering.json", "study.json"):
         assert (study / name).exists(), name
+    stability = json.loads((study / "stability.json").read_text())
+    assert set(stability["variants"]) == {"seed1", "batch2"} and 0 <= stability["within"] <= 1
+    assert "Head-set stability (3 runs per task)" in out
     clustering = json.loads((study / "clustering.json").read_text())
     assert sorted(clustering["order"]) == ["capitalize", "first_letter", "next_item"]
     figs = sorted(p.name for p in (root / "figures").glob("*.png"))
