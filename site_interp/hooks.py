@@ -25,7 +25,8 @@ def z_name(layer: int) -> str:
     return get_act_name("z", layer)
 
 
-def _rows_and_positions(z: Tensor, positions: int | Tensor) -> tuple[Tensor, Tensor]:
+def rows_and_positions(z: Tensor, positions: int | Tensor) -> tuple[Tensor, Tensor]:
+    """Row indices and (non-negative) positions to edit in a ``[batch, pos, ...]`` activation."""
     batch, n_pos = z.shape[0], z.shape[1]
     rows = torch.arange(batch, device=z.device)
     if isinstance(positions, int):
@@ -48,7 +49,7 @@ def make_soft_injection_hook(
     """
 
     def hook(z: Float[Tensor, "batch pos head d_head"], *, hook=None) -> Tensor:
-        rows, pos = _rows_and_positions(z, positions)
+        rows, pos = rows_and_positions(z, positions)
         a = alpha.to(device=z.device, dtype=z.dtype)
         tt = t.to(device=z.device, dtype=z.dtype)
         a = a.expand(z.shape[0], z.shape[2]).unsqueeze(-1)
@@ -64,7 +65,7 @@ def make_capture_hook(
     """Record ``z`` at ``positions`` (``[batch, head, d_head]``) into ``store[layer]``; changes nothing."""
 
     def hook(z: Float[Tensor, "batch pos head d_head"], *, hook=None) -> Tensor:
-        rows, pos = _rows_and_positions(z, positions)
+        rows, pos = rows_and_positions(z, positions)
         store[layer] = z[rows, pos].detach()
         return z
 
