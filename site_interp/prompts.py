@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 from jaxtyping import Bool, Int
@@ -112,15 +112,20 @@ def build_prompts(
     template: PromptTemplate = DEFAULT_TEMPLATE,
     max_length: int | None = None,
     task: str = "task",
+    relabel: Callable[[list[Example], random.Random], list[Example]] | None = None,
 ) -> PromptBatch:
     """Tokenize prompts for ``queries`` with ``n_shots`` seeded demonstrations from ``demo_pool``.
 
     ``max_length`` (the model's context) turns an over-long prompt into a clear error.
+    ``relabel`` may rewrite each prompt's demonstrations (e.g. shuffle their answers, for
+    corrupted prompts); it gets the same seeded generator. Targets stay the queries' answers.
     """
     rng = random.Random(seed)
     texts, targets, target_ids, ids = [], [], [], []
     for q in queries:
         demos = sample_demos(demo_pool, n_shots, rng, exclude_input=q["input"], task=task) if n_shots else []
+        if relabel is not None:
+            demos = relabel(demos, rng)
         text = template.prompt(q, demos)
         toks = encode(tokenizer, text)
         if max_length is not None and len(toks) + 1 > max_length:

@@ -33,10 +33,9 @@ from site_interp.baselines import HookMethod, evaluate_hooks, maybe_prefix, resi
 from site_interp.embeddings import EmbeddingConfig, TaskEmbedding, compute_task_embedding
 from site_interp.evaluation import EvalConfig, TaskEvaluation
 from site_interp.hooks import Hooks, injection_hooks
-from site_interp.prompts import (DEFAULT_TEMPLATE, PromptBatch, PromptTemplate, encode, first_answer_token,
-                                 model_context, sample_demos)
+from site_interp.prompts import DEFAULT_TEMPLATE, PromptBatch, PromptTemplate, build_prompts, model_context
 from site_interp.selection import zero_shot_batch
-from site_interp.tasks import Task, TaskError
+from site_interp.tasks import Example, Task, TaskError
 
 
 @dataclass(frozen=True)
@@ -109,23 +108,15 @@ def shuffled_label_prompts(
     rng = random.Random(seed)
     n_train = len(task.train)
     order = rng.sample(range(n_train), n_prompts) if n_prompts <= n_train else rng.choices(range(n_train), k=n_prompts)
-    texts, targets, target_ids, ids = [], [], [], []
-    for q in (task.train[i] for i in order):
-        demos = sample_demos(task.train, n_shots, rng, exclude_input=q["input"], task=task.name)
-        perm = _derangement(len(demos), rng)
-        shuffled = [{"input": d["input"], "output": demos[perm[i]]["output"]} for i, d in enumerate(demos)]
-        text = template.prompt(q, shuffled)
-        toks = encode(tokenizer, text)
-        if max_length is not None and len(toks) + 1 > max_length:
-            raise TaskError(
-                f"{task.name}: a {n_shots}-shot prompt has {len(toks)} tokens, over the model's context of "
-                f"{max_length}; use fewer shots or shorter examples"
-            )
-        texts.append(text)
-        targets.append(q["output"])
-        target_ids.append(first_answer_token(tokenizer, text, template.answer_text(q["output"]), task=task.name))
-        ids.append(toks)
-    return PromptBatch(texts=texts, targets=targets, target_ids=torch.tensor(target_ids, dtype=torch.long), token_ids=ids)
+
+    def derange(demos: list[Example], r: random.Random) -> list[Example]:
+        perm = _derangement(len(demos), r)
+        return [{"input": d["input"], "output": demos[perm[i]]["output"]} for i, d in enumerate(demos)]
+
+    return build_prompts(
+        tokenizer, [task.train[i] for i in order], n_shots=n_shots, demo_pool=task.train, seed=seed + 1,
+        template=template, max_length=max_length, task=task.name, relabel=derange,
+    )
 
 
 def _check_t(bridge, t: Tensor, what: str) -> None:
