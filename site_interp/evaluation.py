@@ -24,7 +24,7 @@ from jaxtyping import Float
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from site_interp.forward import build_prefix_cache, greedy_generate, last_token_logits, prefix_cache_fits
+from site_interp.forward import greedy_generate, last_token_logits, prefix_cache_for
 from site_interp.hooks import Hooks, injection_hooks
 from site_interp.prompts import DEFAULT_TEMPLATE, PromptBatch, PromptTemplate, build_prompts, model_context
 from site_interp.stats import bootstrap_ci
@@ -162,8 +162,8 @@ def evaluate(
                 template=template, max_length=model_context(bridge), task=task.name,
             )
     zero = batches.get(0)
-    use_prefix = zero is not None and not config.exact_match and prefix_cache_fits(bridge, zero.token_ids)
-    prefix = build_prefix_cache(bridge, zero.token_ids) if use_prefix else None
+    # 0-shot methods share one prefix cache (only needed for first-token scoring)
+    prefix = prefix_cache_for(bridge, [zero.token_ids], fast=not config.exact_match) if zero is not None else None
     result = TaskEvaluation(task=task.name)
     for m in tqdm(methods, desc=f"eval {task.name}", disable=not progress, leave=False):
         batch = batches[m.n_shots]
@@ -181,10 +181,8 @@ def evaluate(
                 preds.extend(g[0] for g in out)
                 gens.extend(bridge.tokenizer.decode(g, skip_special_tokens=True) for g in out)
                 continue
-            if m.n_shots == 0 and prefix is not None:
-                logits = last_token_logits(bridge, hooks=hooks, prefix=prefix, rows=rows)
-            else:
-                logits = last_token_logits(bridge, ids, hooks)
+            logits = last_token_logits(bridge, batch.token_ids, hooks, prefix=prefix if m.n_shots == 0 else None,
+                                       rows=rows)
             preds.extend(logits.argmax(-1).tolist())
             gens.extend([None] * len(ids))
         for q, target_id, pred, gen in zip(queries, batch.target_ids.tolist(), preds, gens):

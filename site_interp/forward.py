@@ -9,6 +9,7 @@ Logits are computed only where they are scored (``logits_to_keep=1``).
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -20,6 +21,8 @@ from tqdm.auto import tqdm
 
 from site_interp.hooks import Hooks
 from site_interp.prompts import left_pad, pad_id
+
+log = logging.getLogger(__name__)
 
 
 def model_device(bridge) -> torch.device:
@@ -41,8 +44,9 @@ def last_token_logits(
 ) -> Float[Tensor, "batch vocab"]:
     """Logits at the last prompt token, with ``hooks`` active.
 
-    Either full prompts (``token_ids``, left-padded here), or rows of a :class:`PrefixCache`
-    (only their last token runs). Gradients flow when called outside ``torch.no_grad``.
+    ``rows`` (optional) picks prompts. With a ``prefix`` cache of those prompts only their last
+    token runs; otherwise the full prompts (``token_ids``) are left-padded and run. Gradients flow
+    when called outside ``torch.no_grad``.
     """
     if prefix is not None:
         rows = torch.arange(prefix.n) if rows is None else rows
@@ -51,6 +55,8 @@ def last_token_logits(
             last, fwd_hooks=list(hooks), attention_mask=mask, past_key_values=cache, logits_to_keep=1
         )
         return out[:, -1]
+    if rows is not None:
+        token_ids = [token_ids[i] for i in rows.tolist()]
     device = model_device(bridge)
     ids, mask = left_pad(token_ids, pad_id(bridge.tokenizer), device)
     out = bridge.run_with_hooks(ids, fwd_hooks=list(hooks), attention_mask=mask, logits_to_keep=1)
@@ -137,6 +143,22 @@ class SegmentedPrefixCache:
         mask = torch.cat([p[2] for p in parts])[inverse]
         last = torch.cat([p[3] for p in parts])[inverse]
         return _dynamic_cache(keys, values, self.segments[0].hf_config), last, mask
+
+
+def prefix_cache_for(
+    bridge, segments: Sequence[Sequence[Sequence[int]]], *, fast: bool = True, max_cache_gib: float = 8.0
+) -> SegmentedPrefixCache | None:
+    """A prefix cache of prompts grouped in ``segments`` (e.g. one per task), or ``None`` when it
+    would not be exact (sliding window), would exceed ``max_cache_gib``, or ``fast`` is off."""
+    segments = [s for s in segments if len(s)]
+    flat = [ids for s in segments for ids in s]
+    if not fast or not flat or not prefix_cache_fits(bridge, flat):
+        return None
+    need = sum(prefix_cache_bytes(bridge, s) for s in segments)
+    if need > max_cache_gib * 2**30:
+        log.info("prefix cache would take %.1f GiB (> %.1f): running full prompts", need / 2**30, max_cache_gib)
+        return None
+    return SegmentedPrefixCache([build_prefix_cache(bridge, s) for s in segments])
 
 
 def prefix_cache_bytes(bridge, token_ids: Sequence[Sequence[int]]) -> int:
@@ -274,6 +296,7 @@ __all__ = [
     "PrefixCache",
     "SegmentedPrefixCache",
     "prefix_cache_bytes",
+    "prefix_cache_for",
     "build_prefix_cache",
     "prefix_cache_fits",
     "greedy_generate",

@@ -9,7 +9,6 @@ many tasks, many patching configurations or many transfer entries.
 
 from __future__ import annotations
 
-import logging
 from typing import Sequence
 
 import torch
@@ -18,17 +17,9 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from site_interp.forward import (
-    SegmentedPrefixCache,
-    build_prefix_cache,
-    last_token_logits,
-    prefix_cache_bytes,
-    prefix_cache_fits,
-)
+from site_interp.forward import last_token_logits, prefix_cache_for
 from site_interp.hooks import injection_hooks
 from site_interp.prompts import PromptBatch
-
-log = logging.getLogger(__name__)
 
 
 class PromptPool:
@@ -44,13 +35,7 @@ class PromptPool:
         self.owner = torch.cat([torch.full((len(b),), k, dtype=torch.long) for k, b in enumerate(batches)])
         starts = torch.tensor([0] + [len(b) for b in batches]).cumsum(0).tolist()
         self.ranges = [torch.arange(starts[k], starts[k + 1]) for k in range(len(batches))]
-        self.prefix: SegmentedPrefixCache | None = None
-        if fast and prefix_cache_fits(bridge, self.token_ids):
-            need = sum(prefix_cache_bytes(bridge, b.token_ids) for b in batches if len(b))
-            if need <= max_cache_gib * 2**30:
-                self.prefix = SegmentedPrefixCache([build_prefix_cache(bridge, b.token_ids) for b in batches if len(b)])
-            else:
-                log.info("prefix cache would take %.1f GiB (> %.1f): running full prompts", need / 2**30, max_cache_gib)
+        self.prefix = prefix_cache_for(bridge, [b.token_ids for b in batches], fast=fast, max_cache_gib=max_cache_gib)
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -63,9 +48,7 @@ class PromptPool:
     ) -> Float[Tensor, "batch vocab"]:
         """Last-token logits of ``rows``, each with its own alphas and embedding (None: no injection)."""
         hooks = injection_hooks(alpha, t) if alpha is not None else []
-        if self.prefix is not None:
-            return last_token_logits(self.bridge, hooks=hooks, prefix=self.prefix, rows=rows)
-        return last_token_logits(self.bridge, [self.token_ids[i] for i in rows.tolist()], hooks)
+        return last_token_logits(self.bridge, self.token_ids, hooks, prefix=self.prefix, rows=rows)
 
     def losses(self, rows: Tensor, alpha: Tensor | None = None, t: Tensor | None = None) -> Float[Tensor, " batch"]:
         """Cross-entropy of each row's first answer token (differentiable in ``alpha`` and ``t``)."""

@@ -35,7 +35,7 @@ from tqdm.auto import tqdm
 from transformer_lens.utilities import get_act_name
 
 from site_interp.evaluation import EvalConfig, Method, TaskEvaluation, evaluate
-from site_interp.forward import PrefixCache, build_prefix_cache, last_token_logits, prefix_cache_fits
+from site_interp.forward import SegmentedPrefixCache, last_token_logits, prefix_cache_for
 from site_interp.hooks import HookFn, Hooks, rows_and_positions
 from site_interp.prompts import DEFAULT_TEMPLATE, PromptBatch, PromptTemplate
 from site_interp.tasks import Task
@@ -136,9 +136,9 @@ class RowScores:
     """``pred == target``."""
 
 
-def maybe_prefix(bridge, batch: PromptBatch, fast: bool = True) -> PrefixCache | None:
-    """A prefix cache of ``batch`` when ``fast`` and it is exact (fits any sliding window)."""
-    return build_prefix_cache(bridge, batch.token_ids) if fast and prefix_cache_fits(bridge, batch.token_ids) else None
+def maybe_prefix(bridge, batch: PromptBatch, fast: bool = True) -> SegmentedPrefixCache | None:
+    """A prefix cache of ``batch`` when ``fast`` and it is exact and fits the memory budget."""
+    return prefix_cache_for(bridge, [batch.token_ids], fast=fast)
 
 
 @torch.no_grad()
@@ -149,7 +149,7 @@ def score_rows(
     *,
     rows: Int[Tensor, " n"] | None = None,
     batch_size: int = 64,
-    prefix: PrefixCache | None = None,
+    prefix: SegmentedPrefixCache | None = None,
     progress: bool = False,
     desc: str = "scoring",
 ) -> RowScores:
@@ -165,10 +165,7 @@ def score_rows(
         idx = torch.arange(start, min(start + batch_size, len(rows)))
         hooks = hooks_for(idx) if hooks_for is not None else []
         chunk = rows[idx]
-        if prefix is not None:
-            logits = last_token_logits(bridge, hooks=hooks, prefix=prefix, rows=chunk)
-        else:
-            logits = last_token_logits(bridge, [batch.token_ids[i] for i in chunk.tolist()], hooks)
+        logits = last_token_logits(bridge, batch.token_ids, hooks, prefix=prefix, rows=chunk)
         logp = F.log_softmax(logits.float(), dim=-1).cpu()
         preds.append(logp.argmax(-1))
         probs.append(logp.gather(1, batch.target_ids[chunk][:, None]).squeeze(1).exp())
