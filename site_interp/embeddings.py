@@ -1,4 +1,9 @@
-"""Task embeddings: the mean of every head's output ``z`` at the last token of N-shot ICL prompts."""
+"""Task embeddings: the mean of every head's output ``z`` at the last token of N-shot ICL prompts.
+
+The same pass also records the mean residual stream at the input of every block at that token:
+these are the task vectors of Hendel et al. (their prompts are exactly these: demonstrations
+plus a query whose answer is not shown), so the task-vector baseline costs no extra forward.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +16,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from site_interp.forward import model_device
-from site_interp.hooks import capture_hooks, stack_captured
+from site_interp.hooks import capture_hooks, make_resid_capture_hook, resid_name, stack_captured
 from site_interp.prompts import DEFAULT_TEMPLATE, PromptTemplate, build_prompts, left_pad, model_context, pad_id
 from site_interp.tasks import Task, TaskError
 
@@ -45,6 +50,10 @@ class TaskEmbedding:
     """How it was made."""
     seconds: float = 0.0
     """Wall time of the extraction."""
+    resid: Float[Tensor, "layer d_model"] | None = None
+    """Mean residual stream at the input of every block at the same token (float32, CPU): the
+    task vectors of Hendel et al., from the same prompts and forward. None when loaded from an
+    artifact that predates it."""
 
 
 def icl_prompt_batch(tokenizer, task: Task, n_prompts: int, n_shots: int, seed: int, *, max_length=None, template=DEFAULT_TEMPLATE):
@@ -76,7 +85,8 @@ def compute_task_embedding(
 ) -> TaskEmbedding:
     """Average ``blocks.L.attn.hook_z`` at the last token of ``config.n_prompts`` ICL prompts.
 
-    Only the last position's logits are computed (``logits_to_keep=1``).
+    Also averages ``blocks.L.hook_resid_pre`` there (``.resid``). Only the last position's logits
+    are computed (``logits_to_keep=1``).
     """
     t0 = time.perf_counter()
     batch = icl_prompt_batch(
@@ -85,13 +95,20 @@ def compute_task_embedding(
     )
     n_layers = bridge.cfg.n_layers
     total: Tensor | None = None
+    resid = torch.zeros(n_layers, bridge.cfg.d_model)
     device = model_device(bridge)
     starts = range(0, len(batch), config.batch_size)
     for start in tqdm(starts, desc=f"embedding {task.name}", disable=not progress, leave=False):
         ids, mask = left_pad(batch.token_ids[start : start + config.batch_size], pad_id(bridge.tokenizer), device)
         store: dict[int, Tensor] = {}
-        bridge.run_with_hooks(ids, fwd_hooks=capture_hooks(n_layers, store), attention_mask=mask, logits_to_keep=1)
+        res_store: dict[int, Tensor] = {}
+        hooks = capture_hooks(n_layers, store) + [
+            (resid_name(layer), make_resid_capture_hook(res_store, layer)) for layer in range(n_layers)
+        ]
+        bridge.run_with_hooks(ids, fwd_hooks=hooks, attention_mask=mask, logits_to_keep=1)
         z = stack_captured(store, n_layers).sum(0)  # [layer, head, d_head]
         total = z if total is None else total + z
+        resid += torch.stack([res_store[layer].to("cpu", torch.float32).sum(0) for layer in range(n_layers)])
     assert total is not None
-    return TaskEmbedding(task=task.name, t=total / len(batch), config=config, seconds=time.perf_counter() - t0)
+    return TaskEmbedding(task=task.name, t=total / len(batch), config=config, seconds=time.perf_counter() - t0,
+                         resid=resid / len(batch))

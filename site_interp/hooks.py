@@ -25,6 +25,11 @@ def z_name(layer: int) -> str:
     return get_act_name("z", layer)
 
 
+def resid_name(layer: int) -> str:
+    """The hook at the input of block ``layer`` (``blocks.L.hook_resid_pre``)."""
+    return get_act_name("resid_pre", layer)
+
+
 def rows_and_positions(z: Tensor, positions: int | Tensor) -> tuple[Tensor, Tensor]:
     """Row indices and (non-negative) positions to edit in a ``[batch, pos, ...]`` activation."""
     batch, n_pos = z.shape[0], z.shape[1]
@@ -68,6 +73,19 @@ def make_capture_hook(
         rows, pos = rows_and_positions(z, positions)
         store[layer] = z[rows, pos].detach()
         return z
+
+    return hook
+
+
+def make_resid_capture_hook(
+    store: MutableMapping[int, Tensor], layer: int, positions: int | Int[Tensor, " batch"] = -1
+) -> HookFn:
+    """Record the residual stream at ``positions`` (``[batch, d_model]``) into ``store[layer]``."""
+
+    def hook(x: Float[Tensor, "batch pos d_model"], *, hook=None) -> Tensor:
+        rows, pos = rows_and_positions(x, positions)
+        store[layer] = x[rows, pos].detach()
+        return x
 
     return hook
 

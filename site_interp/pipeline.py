@@ -83,10 +83,11 @@ def get_embedding(bridge, task: Task, cfg: RunConfig, directory: Path | None, pr
     cached = load_if_valid(path, key) if path else None
     if cached is not None:
         tensors, meta = cached
-        return TaskEmbedding(task.name, tensors["t"], cfg.embedding, meta.get("seconds", 0.0)), False
+        return TaskEmbedding(task.name, tensors["t"], cfg.embedding, meta.get("seconds", 0.0), tensors.get("resid")), False
     emb = compute_task_embedding(bridge, task, cfg.embedding, progress=progress)
     if path:
-        save_artifact(path, {"t": emb.t}, key, {"seconds": emb.seconds}, seed=cfg.embedding.seed)
+        tensors = {"t": emb.t} if emb.resid is None else {"t": emb.t, "resid": emb.resid}
+        save_artifact(path, tensors, key, {"seconds": emb.seconds}, seed=cfg.embedding.seed)
     return emb, True
 
 

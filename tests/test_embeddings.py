@@ -26,3 +26,25 @@ def test_embedding_prompts_are_seeded_and_exclude_query(tiny_llama, toy):
         blocks = text.split("\n\n")
         query = blocks[-1].split("\n")[0]
         assert all(not b.startswith(query + "\n") for b in blocks[:-1])
+
+
+def test_embedding_pass_also_yields_the_task_vectors(tiny, toy):
+    from site_interp.baselines import TaskVectorConfig, extract_task_vectors
+
+    cfg = EmbeddingConfig(n_prompts=5, n_shots=3, batch_size=2, seed=1)
+    emb = compute_task_embedding(tiny, toy, cfg, progress=False)
+    tv = extract_task_vectors(tiny, toy, TaskVectorConfig(n_prompts=5, n_shots=3, extract_batch_size=5, seed=1))
+    assert emb.resid is not None and emb.resid.shape == (tiny.cfg.n_layers, tiny.cfg.d_model)
+    assert torch.allclose(emb.resid, tv, atol=1e-5)
+    other = extract_task_vectors(tiny, toy, TaskVectorConfig(n_prompts=5, n_shots=3, seed=2))
+    assert not torch.allclose(emb.resid, other, atol=1e-3)  # the check can fail: other prompts differ
+
+
+def test_pipeline_artifact_keeps_the_residual(tiny_llama, toy, tmp_path):
+    from site_interp.pipeline import RunConfig, get_embedding
+
+    cfg = RunConfig(embedding=EmbeddingConfig(n_prompts=4, n_shots=2))
+    made, computed = get_embedding(tiny_llama, toy, cfg, tmp_path, progress=False)
+    loaded, recomputed = get_embedding(tiny_llama, toy, cfg, tmp_path, progress=False)
+    assert computed and not recomputed
+    assert torch.equal(made.resid, loaded.resid) and torch.equal(made.t, loaded.t)

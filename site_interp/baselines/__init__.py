@@ -32,21 +32,15 @@ import torch.nn.functional as F
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
-from transformer_lens.utilities import get_act_name
 
 from site_interp.evaluation import EvalConfig, Method, TaskEvaluation, evaluate
 from site_interp.forward import SegmentedPrefixCache, last_token_logits, prefix_cache_for
-from site_interp.hooks import HookFn, Hooks, rows_and_positions
+from site_interp.hooks import HookFn, Hooks, make_resid_capture_hook, resid_name, rows_and_positions
 from site_interp.prompts import DEFAULT_TEMPLATE, PromptBatch, PromptTemplate
 from site_interp.tasks import Task
 
 Mode = Literal["add", "replace"]
 HooksFor = Callable[[Int[Tensor, " chunk"]], Hooks]
-
-
-def resid_name(layer: int) -> str:
-    """The hook at the input of block ``layer`` (``blocks.L.hook_resid_pre``)."""
-    return get_act_name("resid_pre", layer)
 
 
 def make_resid_hook(
@@ -71,19 +65,6 @@ def make_resid_hook(
         if active is not None:
             new = torch.where(active.to(x.device)[:, None], new, old)
         return x.index_put((rows, pos), new)
-
-    return hook
-
-
-def make_resid_capture_hook(
-    store: MutableMapping[int, Tensor], layer: int, positions: int | Int[Tensor, " batch"] = -1
-) -> HookFn:
-    """Record the residual stream at ``positions`` (``[batch, d_model]``) into ``store[layer]``."""
-
-    def hook(x: Float[Tensor, "batch pos d_model"], *, hook=None) -> Tensor:
-        rows, pos = rows_and_positions(x, positions)
-        store[layer] = x[rows, pos].detach()
-        return x
 
     return hook
 
