@@ -16,6 +16,7 @@ from site_interp.baselines import (
     fit_function_vector,
     fit_task_vector,
     function_vector_from_heads,
+    post_attention_norm,
     function_vector_hooks,
     head_output_matrix,
     make_resid_capture_hook,
@@ -134,11 +135,36 @@ def test_function_vector_sums_projected_heads(tiny):
     t = torch.randn(cfg.n_layers, cfg.n_heads, cfg.d_head)
     heads = [(0, 1), (cfg.n_layers - 1, 3)]
     fv = function_vector_from_heads(tiny, t, heads)
-    manual = sum(t[l, h] @ head_output_matrix(tiny, l)[h] for l, h in heads)
-    torch.testing.assert_close(fv, manual)
     assert fv.shape == (cfg.d_model,)
+    parts = [t[l, h] @ head_output_matrix(tiny, l)[h] for l, h in heads]
+    if post_attention_norm(tiny, 0) is None:  # llama: the plain sum of projections
+        torch.testing.assert_close(fv, sum(parts))
+    else:  # gemma: each part scaled per channel by the norm's gain / the layer's mean-output RMS
+        assert not torch.allclose(fv, sum(parts), atol=1e-3)
     with pytest.raises(ValueError, match="shape"):
         function_vector_from_heads(tiny, t[:, :2], heads)
+
+
+def test_function_vector_of_a_whole_layer_is_what_attention_adds_to_the_residual(tiny):
+    """Known answer from the model itself: force z = t[layer] at the last token and read
+    resid_mid - resid_pre there (Gemma's post-attention norm included)."""
+    cfg = tiny.cfg
+    t = torch.randn(cfg.n_layers, cfg.n_heads, cfg.d_head)
+    layer = 1
+    fv = function_vector_from_heads(tiny, t, [(layer, h) for h in range(cfg.n_heads)])
+    ids, mask = _ids(tiny, ["Q: ab\nA:", "Q: abcd\nA:"])
+
+    def force(z, hook=None):
+        new = z.clone()
+        new[:, -1] = t[layer].to(z.dtype)
+        return new
+
+    pre, mid = {}, {}
+    tiny.run_with_hooks(ids, attention_mask=mask, fwd_hooks=[
+        (z_name(layer), force), (f"blocks.{layer}.hook_resid_pre", _grab(pre)), (f"blocks.{layer}.hook_resid_mid", _grab(mid)),
+    ])
+    added = (mid[0] - pre[0])[:, -1]
+    torch.testing.assert_close(added, fv.expand_as(added), atol=1e-4, rtol=1e-4)
 
 
 # ---------------------------------------------------------------- indirect effect

@@ -225,6 +225,7 @@ from site_interp.baselines.function_vectors import (
     function_vector_hooks,
     function_vector_method,
     head_output_matrix,
+    post_attention_norm,
     shuffled_label_prompts,
     top_heads,
 )
@@ -258,6 +259,7 @@ __all__ = [
     "function_vector_hooks",
     "function_vector_method",
     "head_output_matrix",
+    "post_attention_norm",
     "make_resid_capture_hook",
     "make_resid_hook",
     "maybe_prefix",

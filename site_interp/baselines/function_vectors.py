@@ -10,9 +10,11 @@
    (:func:`~site_interp.hooks.injection_hooks`), and only the last token runs (prefix cache).
 3. **The vector**: ``sum over the top-n heads of t[l, h] @ W_O[l, h]`` (``W_O[l, h]``: the
    ``[d_head, d_model]`` slice of the attention output projection; output biases are not part of
-   one head's contribution). This is the heads' sum in the attention-output space. On Gemma 3 the
-   attention output passes through a post-attention RMSNorm before it reaches the residual stream,
-   so there the vector is not exactly what those heads add to the residual; it is injected as is.
+   one head's contribution): what those heads add to the residual stream. Where the attention
+   output passes through a post-attention norm first (Gemma 2/3), each layer's part goes through
+   that norm linearised at the layer's mean output (:func:`function_vector_from_heads`); without
+   it the raw projection was off in scale by the norm's gain over the output's RMS, and the
+   vector did nothing useful on gemma-3-270m (0% on country-capital).
 4. **Injection**: ``x <- x + fv`` at the last prompt token, at the input of block L
    (``blocks.L.hook_resid_pre``, = output of block L-1). L is picked on the valid split.
 """
@@ -192,14 +194,46 @@ def head_output_matrix(bridge, layer: int) -> Float[Tensor, "head d_head d_model
     return w.reshape(cfg.n_heads, cfg.d_head, cfg.d_model)
 
 
+def post_attention_norm(bridge, layer: int):
+    """Block ``layer``'s norm between the attention output and the residual stream, or None.
+
+    Read from the bridge's block structure (Gemma 2/3 have ``ln1_post``; Llama, Mistral and
+    Qwen add the attention output to the residual stream directly), never from the model name.
+    """
+    return getattr(bridge.blocks[layer], "ln1_post", None)
+
+
+def _rms(x: Tensor) -> Tensor:
+    return x.pow(2).mean(-1, keepdim=True).sqrt().clamp_min(1e-12)
+
+
+@torch.no_grad()
 def function_vector_from_heads(
     bridge, t: Float[Tensor, "layer head d_head"], heads: Sequence[tuple[int, int]]
 ) -> Float[Tensor, " d_model"]:
-    """``sum over heads (l, h) of t[l, h] @ W_O[l, h]`` (float32, CPU)."""
+    """What the ``heads`` add to the residual stream with their mean outputs ``t`` (float32, CPU).
+
+    Per layer, ``v = sum over its selected heads of t[l, h] @ W_O[l, h]``. Without a
+    post-attention norm that is the residual contribution and the vector is ``sum_l v``. With one
+    (Gemma: ``resid += norm(attn_out)``, an RMSNorm, not additive over heads) each layer's ``v``
+    goes through the norm linearised at the layer's mean attention output ``m = sum over all
+    heads of t[l, h] @ W_O[l, h]``: ``norm(v) * rms(v) / rms(m)`` = ``g * v / rms(m)`` (the
+    diagonal part of the norm's Jacobian at ``m``), so the selected heads' share is scaled as the
+    model scales it. When every head of a layer is selected this is exactly ``norm(m)``.
+    """
     _check_t(bridge, t, "the mean head outputs t")
     fv = torch.zeros(bridge.cfg.d_model)
-    for layer, head in heads:
-        fv = fv + t[layer, head].float().cpu() @ head_output_matrix(bridge, layer)[head]
+    for layer in sorted({layer for layer, _ in heads}):
+        w_o = head_output_matrix(bridge, layer)
+        selected = sorted({h for l_, h in heads if l_ == layer})
+        v = torch.einsum("hd,hdm->m", t[layer, selected].float().cpu(), w_o[selected])
+        norm = post_attention_norm(bridge, layer)
+        if norm is not None:
+            m = torch.einsum("hd,hdm->m", t[layer].float().cpu(), w_o)
+            param = next(norm.parameters())
+            normed = norm(v.to(param.device, param.dtype)[None, None]).float().cpu()[0, 0]
+            v = normed * _rms(v) / _rms(m)
+        fv = fv + v
     return fv
 
 
@@ -340,6 +374,7 @@ __all__ = [
     "function_vector_hooks",
     "function_vector_method",
     "head_output_matrix",
+    "post_attention_norm",
     "shuffled_label_prompts",
     "top_heads",
 ]
