@@ -224,9 +224,11 @@ def resolve_tasks(specs: Sequence[str], data_dir: str | Path | None = None, *, s
     """Turn command-line task specs into tasks.
 
     Each spec is a built-in name, a task name under ``data_dir``, a task directory, a JSON file,
-    or ``all`` (every task under ``data_dir``, or every built-in task without one).
+    a Hugging Face benchmark (``anli:r1``, ``mmlu_pro:math``, ``bbh:date_understanding``...;
+    :mod:`site_interp.hf_tasks`, needs a network once) or ``all`` (every task under
+    ``data_dir``, or every built-in task without one).
     """
-    from site_interp import builtin_tasks
+    from site_interp import builtin_tasks, hf_tasks
 
     if list(specs) == ["all"]:
         specs = list_task_dir(data_dir) if data_dir else builtin_tasks.builtin_task_names()
@@ -242,10 +244,13 @@ def resolve_tasks(specs: Sequence[str], data_dir: str | Path | None = None, *, s
             tasks.append(load_json_task(path, seed=seed))
         elif spec in builtin_tasks.BUILTIN_TASKS:
             tasks.append(builtin_task(spec, seed=seed))
+        elif hf_tasks.is_hf_spec(spec):
+            tasks.extend(hf_tasks.load_hf_task(spec, seed=seed))
         else:
             where = f" or in {data_dir}" if data_dir else ""
             raise TaskError(
-                f"unknown task {spec!r}: not a built-in task{where}, a task directory or a JSON file. "
+                f"unknown task {spec!r}: not a built-in task{where}, a task directory, a JSON file or a "
+                f"Hugging Face benchmark (anli, mmlu_pro, bbh; e.g. anli:r1). "
                 f"Built-in tasks: {', '.join(builtin_tasks.builtin_task_names())}"
             )
     return tasks
