@@ -2,6 +2,8 @@
 
     python benchmarks/bench_speed.py                      # P1 + P2 (about 10 minutes on 2 CPU cores)
     python benchmarks/bench_speed.py --p3 --p4            # + full FV-57 run and 57 x 57 transfer (long on CPU)
+    python benchmarks/bench_speed.py --no-p1p2 --p3       # P3 alone; its artifacts (runs/bench-fv57) are
+                                                          # reused by python -m site_interp.bench
 
 P1  task-embedding extraction / a plain hook-free forward over the same batches   (target <= 1.10)
 P2  alpha training: the paper's procedure (batch 1, 400 full-prompt steps, one task at a time)
@@ -33,7 +35,9 @@ from site_interp.transfer import transfer_matrix
 
 FV57 = Path(__file__).resolve().parents[2] / "shared" / "data" / "fv57"
 P2_TASKS = ("antonym", "country-capital", "capitalize_first_letter", "present-past", "singular-plural",
-            "english-french", "choose_first_of_3", "next_item", "person-sport", "landmark-country")
+            "english-french", "choose_first_of_3", "next_item", "person-sport", "landmark-country",
+            "synonym", "english-german", "country-currency", "lowercase_first_letter", "prev_item",
+            "person-occupation", "product-company", "alphabetically_first_3", "animal_v_object_3", "word_length")
 
 
 def p1(bridge, task, cfg: EmbeddingConfig, repeats: int = 3) -> dict:
@@ -81,43 +85,37 @@ def p2(bridge, tasks, embeddings, steps: int, n_test: int) -> dict:
             "heldout_acc_paper": acc["paper"], "heldout_acc_ours": acc["ours"], "task": paper_task.name}
 
 
-def p3(bridge, tasks, n_test: int) -> tuple[dict, dict, dict]:
+def p3(bridge, tasks, n_test: int, out: str) -> tuple[dict, dict, dict]:
+    """Embeddings + alphas (``run_tasks``: artifacts under ``out``) + held-out SITE first token."""
+    from site_interp.pipeline import RunConfig, run_tasks
+
+    cfg = RunConfig(eval=EvalConfig(n_test=n_test, exact_match=False))
     t0 = time.perf_counter()
-    embs = [compute_task_embedding(bridge, t, EmbeddingConfig(), progress=True) for t in tasks]
-    t_emb = time.perf_counter() - t0
-    t1 = time.perf_counter()
-    sites = train_site_many(bridge, tasks, embs, SiteConfig(), progress=True)
-    t_train = time.perf_counter() - t1
+    runs = run_tasks(bridge, tasks, cfg, out, progress=True, evaluate_methods=False)
+    t_emb = sum(r.timings["embedding"] for r in runs)
+    t_train = sum(r.timings["training"] for r in runs)
+    if t_emb == 0 or t_train == 0:
+        print(f"warning: some stages were reused from {out}; P3 times are only valid on a fresh --p3-out", flush=True)
     t2 = time.perf_counter()
     accs = {}
-    for task, emb, site in zip(tasks, embs, sites):
-        ev = evaluate(bridge, task, [Method("0-shot"), Method("SITE", alpha=site.alpha, t=emb.t)],
-                      EvalConfig(n_test=n_test, exact_match=False), progress=False)
-        accs[task.name] = {"0-shot": 100 * ev.accuracy("0-shot"), "SITE": 100 * ev.accuracy("SITE")}
+    for r in runs:
+        ev = evaluate(bridge, r.task, [Method("0-shot"), Method("SITE", alpha=r.site.alpha, t=r.embedding.t)],
+                      cfg.eval, progress=False)
+        accs[r.task.name] = {"0-shot": 100 * ev.accuracy("0-shot"), "SITE": 100 * ev.accuracy("SITE")}
     t_eval = time.perf_counter() - t2
-    total = t_emb + t_train + t_eval
+    total = time.perf_counter() - t0
     return ({"tasks": len(tasks), "embedding_s": t_emb, "training_s": t_train, "evaluation_s": t_eval,
-             "total_min": total / 60, "per_task_s": total / len(tasks)},
-            {t.name: e.t for t, e in zip(tasks, embs)}, {t.name: s.alpha for t, s in zip(tasks, sites)}), accs
+             "total_min": total / 60, "per_task_s": total / len(tasks), "artifacts": out},
+            {r.task.name: r.embedding.t for r in runs}, {r.task.name: r.site.alpha for r in runs}), accs
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default="gemma-3-270m")
-    p.add_argument("--data-dir", default=str(FV57))
-    p.add_argument("--p2-tasks", type=int, default=6, help="tasks trained in one batch for P2")
-    p.add_argument("--steps", type=int, default=400)
-    p.add_argument("--n-test", type=int, default=50)
-    p.add_argument("--p3", action="store_true", help="run the full FV-57 pipeline (long on CPU)")
-    p.add_argument("--p4", action="store_true", help="57 x 57 transfer (needs --p3's embeddings and alphas)")
-    p.add_argument("--out", default="benchmarks/results.json")
-    args = p.parse_args()
-    torch.set_grad_enabled(True)
-    bridge = load_model(args.model)
-    report: dict = {"model": args.model, "threads": torch.get_num_threads(), "device": str(model_device(bridge))}
-    tasks = load_task_dir(args.data_dir, P2_TASKS[: args.p2_tasks])
-    task_list = list(tasks.values())
+def save(report: dict, out: str) -> None:
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps(report, indent=2) + "\n")
 
+
+def p1p2(bridge, args, report: dict) -> None:
+    task_list = list(load_task_dir(args.data_dir, P2_TASKS[: args.p2_tasks]).values())
     report["P1"] = p1(bridge, task_list[0], EmbeddingConfig())
     print(f"P1 embedding / plain forward: {report['P1']['ratio']:.3f} "
           f"({report['P1']['embedding_s']:.2f} s vs {report['P1']['plain_s']:.2f} s)", flush=True)
@@ -130,21 +128,44 @@ def main() -> int:
           f"paper {r['heldout_acc_paper']:.0f}%, ours {r['heldout_acc_ours']:.0f}% (max |alpha diff| "
           f"{r['max_alpha_diff']:.1e})", flush=True)
 
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="gemma-3-270m")
+    p.add_argument("--data-dir", default=str(FV57))
+    p.add_argument("--p2-tasks", type=int, default=20, help="tasks trained in one batch for P2 (at most 20)")
+    p.add_argument("--no-p1p2", action="store_true", help="skip P1 and P2")
+    p.add_argument("--steps", type=int, default=400)
+    p.add_argument("--n-test", type=int, default=50)
+    p.add_argument("--p3", action="store_true", help="run the full FV-57 pipeline (long on CPU)")
+    p.add_argument("--p4", action="store_true", help="57 x 57 transfer (needs --p3's embeddings and alphas)")
+    p.add_argument("--p3-out", default="runs/bench-fv57", help="P3's artifact directory (use a fresh one to time it)")
+    p.add_argument("--out", default="benchmarks/results.json", help="report (merged into an existing one)")
+    args = p.parse_args()
+    torch.set_grad_enabled(True)
+    bridge = load_model(args.model)
+    report: dict = json.loads(Path(args.out).read_text()) if Path(args.out).exists() else {}
+    report.update({"model": args.model, "threads": torch.get_num_threads(), "device": str(model_device(bridge))})
+    if not args.no_p1p2:
+        p1p2(bridge, args, report)
+
     if args.p3:
         all_tasks = list(load_task_dir(args.data_dir).values())
-        (report["P3"], embs57, alphas57), accs = p3(bridge, all_tasks, args.n_test)
+        (p3_times, embs57, alphas57), accs = p3(bridge, all_tasks, args.n_test, args.p3_out)
+        if p3_times["embedding_s"] > 0 and p3_times["training_s"] > 0 or "P3" not in report:
+            report["P3"] = p3_times  # a rerun on cached artifacts keeps the timed run's numbers
         report["P3_accuracy"] = accs
         print(f"P3 FV-57: {report['P3']['total_min']:.1f} min ({report['P3']['per_task_s']:.1f} s per task: "
               f"embeddings {report['P3']['embedding_s']:.0f} s, training {report['P3']['training_s']:.0f} s, "
               f"evaluation {report['P3']['evaluation_s']:.0f} s)", flush=True)
+        save(report, args.out)  # P3 survives an interrupted P4
         if args.p4:
             t0 = time.perf_counter()
             tr = transfer_matrix(bridge, all_tasks, embs57, alphas57, n_test=args.n_test, progress=True)
             report["P4"] = {"tasks": len(all_tasks), "queries_per_task": args.n_test,
                             "minutes": (time.perf_counter() - t0) / 60, **tr.diagonal_summary()}
             print(f"P4 {len(all_tasks)} x {len(all_tasks)} transfer: {report['P4']['minutes']:.1f} min", flush=True)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    save(report, args.out)
     print(f"written {args.out}")
     return 0
 
