@@ -116,6 +116,30 @@ def _diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> str:
     return "; ".join(parts)
 
 
+def _check_key(path: Path, stored: Mapping[str, Any], key: Mapping[str, Any]) -> None:
+    wanted = json.loads(json.dumps(key, default=_jsonable))
+    if stored != wanted:
+        raise ArtifactMismatchError(
+            f"{path} was made with a different model, task or configuration ({_diff(stored, wanted)}). "
+            "It is not reused: choose another output directory (--out), or delete it to recompute."
+        )
+
+
+def save_json_artifact(path: str | Path, key: Mapping[str, Any], payload: Mapping[str, Any], *, seed: int | None = None) -> Path:
+    """A JSON-only artifact (results, records): ``{"key", "provenance", **payload}``, written atomically."""
+    return write_json(path, {"key": dict(key), "provenance": provenance(seed), **payload})
+
+
+def load_json_if_valid(path: str | Path, key: Mapping[str, Any]) -> dict | None:
+    """A JSON artifact whose key equals ``key``; ``None`` if absent; :class:`ArtifactMismatchError` otherwise."""
+    path = Path(path)
+    if not path.exists():
+        return None
+    data = read_json(path)
+    _check_key(path, data.get("key", {}), key)
+    return data
+
+
 def load_if_valid(path: str | Path, key: Mapping[str, Any]) -> tuple[dict[str, torch.Tensor], dict] | None:
     """The tensors and sidecar of a cached artifact whose key equals ``key``; ``None`` if absent.
 
@@ -126,11 +150,5 @@ def load_if_valid(path: str | Path, key: Mapping[str, Any]) -> tuple[dict[str, t
     if not path.exists() or not sidecar.exists():
         return None
     meta = read_json(sidecar)
-    stored = meta.get("key", {})
-    wanted = json.loads(json.dumps(key, default=_jsonable))
-    if stored != wanted:
-        raise ArtifactMismatchError(
-            f"{path} was made with a different model, task or configuration ({_diff(stored, wanted)}). "
-            "It is not reused: choose another output directory (--out), or delete it to recompute."
-        )
+    _check_key(path, meta.get("key", {}), key)
     return load_file(str(path)), meta
