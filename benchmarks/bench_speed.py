@@ -109,6 +109,24 @@ def p3(bridge, tasks, n_test: int, out: str) -> tuple[dict, dict, dict]:
             {r.task.name: r.embedding.t for r in runs}, {r.task.name: r.site.alpha for r in runs}), accs
 
 
+def p2_vs_p3(bridge, tasks, embs57: dict, alphas57: dict, p3_times: dict, steps: int, n_test: int,
+             name: str = "antonym") -> dict:
+    """The paper's procedure on one task, timed now, against P3's joint training time per task."""
+    task = next(t for t in tasks if t.name == name)
+    t0 = time.perf_counter()
+    paper = train_site(bridge, task, embs57[name], SiteConfig(steps=steps, batch_size=1, fast=False), progress=False)
+    paper_s = time.perf_counter() - t0
+    ours_s = p3_times["training_s"] / p3_times["tasks"]
+    evcfg = EvalConfig(n_test=n_test, exact_match=False)
+    acc = {}
+    for key, alpha in (("paper", paper.alpha), ("ours", alphas57[name])):
+        ev = evaluate(bridge, task, [Method("SITE", alpha=alpha, t=embs57[name])], evcfg, progress=False)
+        acc[key] = 100 * ev.accuracy("SITE")
+    return {"tasks_in_batch": p3_times["tasks"], "task": name, "paper_s_per_task": paper_s, "ours_s_per_task": ours_s,
+            "speedup": paper_s / ours_s, "max_alpha_diff": float((paper.alpha - alphas57[name]).abs().max()),
+            "heldout_acc_paper": acc["paper"], "heldout_acc_ours": acc["ours"]}
+
+
 def save(report: dict, out: str) -> None:
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     Path(out).write_text(json.dumps(report, indent=2) + "\n")
@@ -139,6 +157,9 @@ def main() -> int:
     p.add_argument("--n-test", type=int, default=50)
     p.add_argument("--p3", action="store_true", help="run the full FV-57 pipeline (long on CPU)")
     p.add_argument("--p4", action="store_true", help="57 x 57 transfer (needs --p3's embeddings and alphas)")
+    p.add_argument("--p2-vs-p3", action="store_true",
+                   help="P2 with all FV-57 tasks per batch: the paper procedure on antonym vs P3's joint training "
+                        "(needs a timed P3 in --out and its artifacts)")
     p.add_argument("--p3-out", default="runs/bench-fv57", help="P3's artifact directory (use a fresh one to time it)")
     p.add_argument("--out", default="benchmarks/results.json", help="report (merged into an existing one)")
     args = p.parse_args()
@@ -159,6 +180,13 @@ def main() -> int:
               f"embeddings {report['P3']['embedding_s']:.0f} s, training {report['P3']['training_s']:.0f} s, "
               f"evaluation {report['P3']['evaluation_s']:.0f} s)", flush=True)
         save(report, args.out)  # P3 survives an interrupted P4
+        if args.p2_vs_p3:
+            report["P2_57"] = p2_vs_p3(bridge, all_tasks, embs57, alphas57, report["P3"], args.steps, args.n_test)
+            r = report["P2_57"]
+            print(f"P2 (57 tasks per batch, from P3): paper {r['paper_s_per_task']:.1f} s, ours "
+                  f"{r['ours_s_per_task']:.1f} s per task -> {r['speedup']:.2f}x; held-out {r['task']}: paper "
+                  f"{r['heldout_acc_paper']:.0f}%, ours {r['heldout_acc_ours']:.0f}%", flush=True)
+            save(report, args.out)
         if args.p4:
             t0 = time.perf_counter()
             tr = transfer_matrix(bridge, all_tasks, embs57, alphas57, n_test=args.n_test, progress=True)

@@ -263,6 +263,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tasks whose mean AIE ranks the FV heads once for all tasks (default: the first six)")
     b.add_argument("--fv-heads", type=int, default=None, help="heads in the function vector (default: 2%% of heads, >= 4)")
     b.add_argument("--fv-aie-prompts", type=int, default=25, help="shuffled-label prompts per ranking task (25)")
+    b.add_argument("--scan-valid", type=int, default=100,
+                   help="valid queries for the FV / TV layer choice (100; each costs n_layers last-token rows)")
     b.add_argument("--lora-rank", type=int, default=8, help="LoRA rank (8)")
     b.add_argument("--lora-steps", type=int, default=100, help="LoRA Adam steps (100)")
     b.add_argument("--lora-batch-size", type=int, default=4, help="LoRA prompts per step (4: 400 examples, as SITE)")
@@ -274,8 +276,9 @@ def config_from_bench_args(args: argparse.Namespace) -> BenchConfig:
     return BenchConfig(
         run=config_from_args(args), methods=tuple(args.methods),
         seeds=tuple(args.seeds) if args.seeds else (args.seed,),
-        fv=FunctionVectorConfig(n_aie_prompts=args.fv_aie_prompts, n_heads=args.fv_heads),
+        fv=FunctionVectorConfig(n_aie_prompts=args.fv_aie_prompts, n_heads=args.fv_heads, n_valid=args.scan_valid),
         fv_rank_tasks=tuple(args.fv_rank_tasks) if args.fv_rank_tasks else None,
+        tv=TaskVectorConfig(n_valid=args.scan_valid),
         lora=LoraConfig(rank=args.lora_rank, steps=args.lora_steps, batch_size=args.lora_batch_size, lr=args.lora_lr),
     )
 
