@@ -43,8 +43,9 @@ P2_TASKS = ("antonym", "country-capital", "capitalize_first_letter", "present-pa
 def p1(bridge, task, cfg: EmbeddingConfig, repeats: int = 3) -> dict:
     batch = icl_prompt_batch(bridge.tokenizer, task, cfg.n_prompts, cfg.n_shots, cfg.seed, max_length=model_context(bridge))
     device = model_device(bridge)
-    chunks = [left_pad(batch.token_ids[i : i + cfg.batch_size], pad_id(bridge.tokenizer), device)
-              for i in range(0, len(batch), cfg.batch_size)]
+    ids = sorted(batch.token_ids, key=len)  # the embedding's own batching (similar lengths together)
+    chunks = [left_pad(ids[i : i + cfg.batch_size], pad_id(bridge.tokenizer), device)
+              for i in range(0, len(ids), cfg.batch_size)]
 
     @torch.no_grad()
     def plain():

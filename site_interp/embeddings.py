@@ -97,9 +97,12 @@ def compute_task_embedding(
     total: Tensor | None = None
     resid = torch.zeros(n_layers, bridge.cfg.d_model)
     device = model_device(bridge)
+    # prompts of similar length share a batch (less padding; the mean does not depend on order)
+    by_length = sorted(range(len(batch)), key=lambda i: len(batch.token_ids[i]))
     starts = range(0, len(batch), config.batch_size)
     for start in tqdm(starts, desc=f"embedding {task.name}", disable=not progress, leave=False):
-        ids, mask = left_pad(batch.token_ids[start : start + config.batch_size], pad_id(bridge.tokenizer), device)
+        chunk = [batch.token_ids[i] for i in by_length[start : start + config.batch_size]]
+        ids, mask = left_pad(chunk, pad_id(bridge.tokenizer), device)
         store: dict[int, Tensor] = {}
         res_store: dict[int, Tensor] = {}
         hooks = capture_hooks(n_layers, store) + [
