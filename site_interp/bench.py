@@ -46,6 +46,7 @@ from site_interp.artifacts import (
     ArtifactMismatchError,
     load_if_valid,
     load_json_if_valid,
+    read_json,
     save_artifact,
     save_json_artifact,
     slug,
@@ -190,41 +191,58 @@ def _evaluate_lora(bridge, task: Task, cfg: BenchConfig, run_cfg: RunConfig, dir
     return ev.records, info, res.n_params, fit_s, time.perf_counter() - t0
 
 
-def run_bench(bridge, tasks: list[Task], cfg: BenchConfig, out: str | Path, *, progress: bool = True) -> BenchTables:
-    """Run (or resume) every method on every task for every seed; return the tables."""
+def _seconds(sidecar: Path) -> float:
+    """The ``seconds`` recorded next to an artifact (0 if it does not exist)."""
+    return float(read_json(sidecar).get("seconds", 0.0)) if sidecar.exists() else 0.0
+
+
+def run_bench(bridge, tasks: list[Task], cfg: BenchConfig, out: str | Path, *, progress: bool = True,
+              compute: bool = True) -> BenchTables:
+    """Run (or resume) every method on every task for every seed; return the tables.
+
+    ``compute=False`` only reads what is cached (tables of a partial run: missing entries are
+    left out, and each method's row says on how many tasks it ran).
+    """
     unknown = [m for m in cfg.methods if m not in METHODS]
     if unknown:
         raise ValueError(f"unknown methods {unknown}; choose from {', '.join(METHODS)}")
     methods = [m for m in METHODS if m in cfg.methods]
     if len({t.name for t in tasks}) != len(tasks):
         raise TaskError("two tasks have the same name; their artifacts would collide")
+    names = {t.name for t in tasks}
     results: list[dict] = []
     for seed in cfg.seeds:
         run_cfg, out_s = seed_config(cfg, seed), seed_out(out, seed)
-        needs_site = any(m in EMBEDDING_METHODS for m in methods)
-        runs = {r.task.name: r for r in run_tasks(bridge, tasks, run_cfg, out_s, progress=progress,
-                                                  evaluate_methods=False)} if needs_site else {}
+        runs: dict[str, TaskRun] = {}
+        if compute and any(m in EMBEDDING_METHODS for m in methods):
+            runs = {r.task.name: r for r in run_tasks(bridge, tasks, run_cfg, out_s, progress=progress,
+                                                      evaluate_methods=False)}
         aie, rank_names, rank_s = None, [], 0.0
         if "fv" in methods:
             rank_names = list(cfg.fv_rank_tasks) if cfg.fv_rank_tasks else [t.name for t in tasks[:6]]
-            missing = [n for n in rank_names if n not in runs]
+            missing = [n for n in rank_names if n not in names]
             if missing:
                 raise TaskError(f"--fv-rank-tasks {missing} are not among the benchmark's tasks")
-            aie, rank_s = _fv_ranking(bridge, runs, cfg, run_cfg, out_s, rank_names, progress)
+            if compute:
+                aie, rank_s = _fv_ranking(bridge, runs, cfg, run_cfg, out_s, rank_names, progress)
+            else:
+                rank_s = sum(_seconds(task_dir(out_s, bridge, t) / "bench" / "fv_aie.json")
+                             for t in tasks if t.name in rank_names)
         for method in methods:
-            bar = tqdm(tasks, desc=f"{method} (seed {seed})", disable=not progress)
+            bar = tqdm(tasks, desc=f"{method} (seed {seed})", disable=not progress or not compute)
             for task in bar:
-                directory = task_dir(out_s, bridge, task) / "bench"
+                directory = task_dir(out_s, bridge, task)
                 key = _method_key(bridge, task, cfg, run_cfg, method, rank_names)
-                path = directory / f"{method}.json"
+                path = directory / "bench" / f"{method}.json"
                 done = load_json_if_valid(path, key)
                 if done is None:
-                    done = _run_method(bridge, task, runs.get(task.name), method, cfg, run_cfg, aie, directory,
-                                       progress)
+                    if not compute:
+                        continue
+                    done = _run_method(bridge, task, runs.get(task.name), method, cfg, run_cfg, aie,
+                                       directory / "bench", progress)
                     save_json_artifact(path, key, done, seed=seed)
-                run = runs.get(task.name)
-                stage = {"embedding_s": run.embedding.seconds if run and method in EMBEDDING_METHODS else 0.0,
-                         "site_training_s": run.site.seconds if run and method == "site" else 0.0,
+                stage = {"embedding_s": _seconds(directory / "embedding.json") if method in EMBEDDING_METHODS else 0.0,
+                         "site_training_s": _seconds(directory / "alphas.json") if method == "site" else 0.0,
                          "fv_ranking_s": rank_s / len(tasks) if method == "fv" else 0.0}
                 results.append({"seed": seed, "task": task.name, "method": method, **done, "stages": stage})
     return build_tables(results, model_id(bridge), n_shots=cfg.run.eval.n_shots)
@@ -265,6 +283,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--fv-aie-prompts", type=int, default=25, help="shuffled-label prompts per ranking task (25)")
     b.add_argument("--scan-valid", type=int, default=100,
                    help="valid queries for the FV / TV layer choice (100; each costs n_layers last-token rows)")
+    b.add_argument("--report-only", action="store_true",
+                   help="compute nothing: build the tables from what is cached (a partial or finished run)")
     b.add_argument("--lora-rank", type=int, default=8, help="LoRA rank (8)")
     b.add_argument("--lora-steps", type=int, default=100, help="LoRA Adam steps (100)")
     b.add_argument("--lora-batch-size", type=int, default=4, help="LoRA prompts per step (4: 400 examples, as SITE)")
@@ -291,7 +311,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         tasks = resolve_tasks(args.tasks, args.data_dir, seed=args.seed)
         cfg = config_from_bench_args(args)
         bridge = load_from_args(args)
-        tables = run_bench(bridge, tasks, cfg, args.out, progress=not args.quiet)
+        tables = run_bench(bridge, tasks, cfg, args.out, progress=not args.quiet, compute=not args.report_only)
     except (TaskError, ArtifactMismatchError, FloatingPointError, ValueError, ModuleNotFoundError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

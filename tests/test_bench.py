@@ -50,6 +50,11 @@ def test_method_subset_skips_the_embedding_and_seeds_are_averaged(tmp_path):
     tables = load_tables(tmp_path / ROOT / "bench.json")
     assert set(tables.per_task["method"]) == {"0-shot", "icl"}
     assert tables.per_task["seeds"].eq(2).all() and tables.per_task["n"].eq(10).all()
+    # tables of what is cached, computing nothing: the other methods are simply absent
+    assert main([*ARGS, "--seeds", "0", "--report-only", "--out", str(tmp_path)]) == 0
+    assert not list(tmp_path.rglob("embedding.safetensors")) and not list(tmp_path.rglob("lora.safetensors"))
+    partial = load_tables(tmp_path / ROOT / "bench.json")
+    assert set(partial.summary["method"]) == {"0-shot", "icl"} and partial.summary["tasks"].eq(2).all()
 
 
 def _result(task, method, hits, params=0):
