@@ -38,7 +38,6 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Sequence
 
-import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
@@ -62,7 +61,7 @@ from site_interp.baselines import (
 )
 from site_interp.baselines.lora import LoraConfig, lora_adapter, train_lora
 from site_interp.bench_report import BenchTables, build_tables
-from site_interp.evaluation import EvalConfig, Method, evaluate
+from site_interp.evaluation import Method, evaluate
 from site_interp.pipeline import RunConfig, TaskRun, model_id, run_tasks, task_dir
 from site_interp.run import add_model_args, add_pipeline_args, add_task_args, config_from_args, load_from_args
 from site_interp.selection import uniform_alpha

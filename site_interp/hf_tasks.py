@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import random
 import re
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping
 
 from site_interp.tasks import Example, Task, TaskError, split_examples, validate_examples
 

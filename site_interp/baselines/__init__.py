@@ -25,7 +25,7 @@ first-token metric, so their numbers sit beside SITE's. This module holds what t
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Literal, MutableMapping
+from typing import Callable, Literal
 
 import torch
 import torch.nn.functional as F
