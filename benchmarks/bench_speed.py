@@ -86,7 +86,7 @@ def p2(bridge, tasks, embeddings, steps: int, n_test: int) -> dict:
             "heldout_acc_paper": acc["paper"], "heldout_acc_ours": acc["ours"], "task": paper_task.name}
 
 
-def p3(bridge, tasks, n_test: int, out: str) -> tuple[dict, dict, dict]:
+def p3(bridge, tasks, n_test: int, out: str) -> tuple[tuple[dict, dict, dict], dict | None]:
     """Embeddings + alphas (``run_tasks``: artifacts under ``out``) + held-out SITE first token."""
     from site_interp.pipeline import RunConfig, run_tasks
 
@@ -98,11 +98,13 @@ def p3(bridge, tasks, n_test: int, out: str) -> tuple[dict, dict, dict]:
     if t_emb == 0 or t_train == 0:
         print(f"warning: some stages were reused from {out}; P3 times are only valid on a fresh --p3-out", flush=True)
     t2 = time.perf_counter()
-    accs = {}
-    for r in runs:
-        ev = evaluate(bridge, r.task, [Method("0-shot"), Method("SITE", alpha=r.site.alpha, t=r.embedding.t)],
-                      cfg.eval, progress=False)
-        accs[r.task.name] = {"0-shot": 100 * ev.accuracy("0-shot"), "SITE": 100 * ev.accuracy("SITE")}
+    # everything reused: the timed run's evaluation stands (None)
+    accs: dict | None = None if t_emb == 0 and t_train == 0 else {}
+    if accs is not None:
+        for r in runs:
+            ev = evaluate(bridge, r.task, [Method("0-shot"), Method("SITE", alpha=r.site.alpha, t=r.embedding.t)],
+                          cfg.eval, progress=False)
+            accs[r.task.name] = {"0-shot": 100 * ev.accuracy("0-shot"), "SITE": 100 * ev.accuracy("SITE")}
     t_eval = time.perf_counter() - t2
     total = time.perf_counter() - t0
     return ({"tasks": len(tasks), "embedding_s": t_emb, "training_s": t_train, "evaluation_s": t_eval,
@@ -178,7 +180,8 @@ def main() -> int:
         (p3_times, embs57, alphas57), accs = p3(bridge, all_tasks, args.n_test, args.p3_out)
         if p3_times["embedding_s"] > 0 and p3_times["training_s"] > 0 or "P3" not in report:
             report["P3"] = p3_times  # a rerun on cached artifacts keeps the timed run's numbers
-        report["P3_accuracy"] = accs
+        if accs is not None:
+            report["P3_accuracy"] = accs
         print(f"P3 FV-57: {report['P3']['total_min']:.1f} min ({report['P3']['per_task_s']:.1f} s per task: "
               f"embeddings {report['P3']['embedding_s']:.0f} s, training {report['P3']['training_s']:.0f} s, "
               f"evaluation {report['P3']['evaluation_s']:.0f} s)", flush=True)
