@@ -4,6 +4,7 @@
     python benchmarks/bench_speed.py --p3 --p4            # + full FV-57 run and 57 x 57 transfer (long on CPU)
     python benchmarks/bench_speed.py --no-p1p2 --p3       # P3 alone; its artifacts (runs/bench-fv57) are
                                                           # reused by python -m site_interp.bench
+    python benchmarks/bench_speed.py --no-p1p2 --p3-profile   # P3's embedding seconds per task vs its tokens
 
 P1  task-embedding extraction / a plain hook-free forward over the same batches   (target <= 1.10)
 P2  alpha training: the paper's procedure (batch 1, 400 full-prompt steps, one task at a time)
@@ -130,6 +131,30 @@ def p2_vs_p3(bridge, tasks, embs57: dict, alphas57: dict, p3_times: dict, steps:
             "heldout_acc_paper": acc["paper"], "heldout_acc_ours": acc["ours"]}
 
 
+def p3_profile(bridge, tasks, out: str, cfg: EmbeddingConfig = EmbeddingConfig()) -> dict:
+    """Where P3's embedding time went: seconds per task (from the artifacts' sidecars) against
+    the ICL prompt tokens of each task (real and as padded in the embedding's batches)."""
+    from site_interp.artifacts import read_json
+    from site_interp.pipeline import task_dir
+
+    rows = []
+    for task in tasks:
+        sidecar = task_dir(out, bridge, task) / "embedding.json"
+        if not sidecar.exists():
+            continue
+        ids = sorted(icl_prompt_batch(bridge.tokenizer, task, cfg.n_prompts, cfg.n_shots, cfg.seed,
+                                      max_length=model_context(bridge)).token_ids, key=len)
+        chunks = [ids[i : i + cfg.batch_size] for i in range(0, len(ids), cfg.batch_size)]
+        rows.append({"task": task.name, "embedding_s": float(read_json(sidecar)["seconds"]),
+                     "tokens": sum(map(len, ids)), "padded_tokens": sum(len(c) * len(c[-1]) for c in chunks),
+                     "max_prompt_tokens": len(ids[-1])})
+    rows.sort(key=lambda r: -r["embedding_s"])
+    total_s, total_tok = sum(r["embedding_s"] for r in rows), sum(r["tokens"] for r in rows)
+    return {"tasks": len(rows), "embedding_s": total_s, "tokens": total_tok,
+            "padded_tokens": sum(r["padded_tokens"] for r in rows), "tokens_per_s": total_tok / total_s,
+            "per_task": rows}
+
+
 def save(report: dict, out: str) -> None:
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     Path(out).write_text(json.dumps(report, indent=2) + "\n")
@@ -165,6 +190,8 @@ def main() -> int:
                         "(needs a timed P3 in --out and its artifacts)")
     p.add_argument("--p4-tasks", type=int, default=None,
                    help="P4 on a K x K slice (every (57/K)-th task) and extrapolated by rows; default: all 57")
+    p.add_argument("--p3-profile", action="store_true",
+                   help="per-task embedding seconds of the timed P3 run against its prompt tokens (no forward)")
     p.add_argument("--p3-out", default="runs/bench-fv57", help="P3's artifact directory (use a fresh one to time it)")
     p.add_argument("--out", default="benchmarks/results.json", help="report (merged into an existing one)")
     args = p.parse_args()
@@ -175,6 +202,13 @@ def main() -> int:
     if not args.no_p1p2:
         p1p2(bridge, args, report)
 
+    if args.p3_profile:
+        prof = report["P3_profile"] = p3_profile(bridge, list(load_task_dir(args.data_dir).values()), args.p3_out)
+        print(f"P3 embeddings: {prof['embedding_s'] / 60:.1f} min for {prof['tokens']} prompt tokens "
+              f"({prof['tokens_per_s']:.0f} tokens/s); slowest:", flush=True)
+        for r in prof["per_task"][:5]:
+            print(f"  {r['task']}: {r['embedding_s']:.0f} s, {r['tokens']} tokens "
+                  f"(longest prompt {r['max_prompt_tokens']}), {r['tokens'] / r['embedding_s']:.0f} tokens/s")
     if args.p3:
         all_tasks = list(load_task_dir(args.data_dir).values())
         (p3_times, embs57, alphas57), accs = p3(bridge, all_tasks, args.n_test, args.p3_out)
