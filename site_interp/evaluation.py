@@ -30,6 +30,10 @@ from site_interp.prompts import DEFAULT_TEMPLATE, PromptBatch, PromptTemplate, b
 from site_interp.stats import bootstrap_ci
 from site_interp.tasks import Task, TaskError
 
+MAX_BATCH_TOKENS = 16384
+"""Rows x longest prompt per full-prompt forward (ICL, generation): long prompts run in smaller
+batches, since eager attention materialises rows x heads x length^2 scores. Results do not depend on it."""
+
 
 @dataclass(frozen=True)
 class EvalConfig:
@@ -170,8 +174,11 @@ def evaluate(
         hooks = m.hooks()
         preds: list[int] = []
         gens: list[str | None] = []
-        for start in range(0, len(batch), config.batch_size):
-            rows = torch.arange(start, min(start + config.batch_size, len(batch)))
+        step = config.batch_size
+        if config.exact_match or m.n_shots > 0:  # full prompts: bound the tokens per forward (attention memory)
+            step = max(1, min(step, MAX_BATCH_TOKENS // max(map(len, batch.token_ids))))
+        for start in range(0, len(batch), step):
+            rows = torch.arange(start, min(start + step, len(batch)))
             ids = [batch.token_ids[i] for i in rows.tolist()]
             if config.exact_match:
                 # the first generated token is the argmax at the last prompt token

@@ -49,3 +49,17 @@ def test_early_stop_never_changes_the_outcome(gen, target):
         if exact_match_decided(prefix, target):
             for cs in (True, False):
                 assert exact_match(prefix, target, cs) == exact_match(gen, target, cs), (prefix, gen)
+
+
+def test_token_budget_batching_gives_the_same_records(tiny, toy, monkeypatch):
+    """Long prompts run in smaller batches (MAX_BATCH_TOKENS); the predictions must not change."""
+    import site_interp.evaluation as evaluation
+
+    L, H, D = tiny.cfg.n_layers, tiny.cfg.n_heads, tiny.cfg.d_head
+    methods = standard_methods(torch.randn(L, H, D), torch.rand(L, H), n_shots=2)
+    cfg = EvalConfig(n_test=6, n_shots=2, batch_size=6, exact_match=False)
+    whole = evaluate(tiny, toy, methods, cfg, progress=False).to_dataframe()
+    monkeypatch.setattr(evaluation, "MAX_BATCH_TOKENS", 1)  # one row per forward
+    split = evaluate(tiny, toy, methods, cfg, progress=False).to_dataframe()
+    assert whole["pred_token"].tolist() == split["pred_token"].tolist()
+    assert len(whole) == 6 * 3
