@@ -138,11 +138,16 @@ def run_tasks(
     todo = [k for k, s in enumerate(sites) if s is None]
     if todo:
         torch.manual_seed(cfg.site.seed)
-        trained = train_site_many(bridge, [tasks[k] for k in todo], [embs[k] for k in todo], cfg.site, progress=progress)
-        for k, res in zip(todo, trained):
-            sites[k] = res
-            if dirs[k] is not None:
-                _save_alphas(bridge, tasks[k], cfg, dirs[k], res)
+
+        def save_group(group: list[int], trained: list[SiteResult]) -> None:  # as each group ends: resumable
+            for j, res in zip(group, trained):
+                k = todo[j]
+                sites[k] = res
+                if dirs[k] is not None:
+                    _save_alphas(bridge, tasks[k], cfg, dirs[k], res)
+
+        train_site_many(bridge, [tasks[k] for k in todo], [embs[k] for k in todo], cfg.site, progress=progress,
+                        on_group=save_group)
     runs = []
     for k, task in enumerate(tasks):
         site = sites[k]

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 import pandas as pd
 import torch
@@ -131,6 +131,7 @@ def train_site_many(
     template: PromptTemplate = DEFAULT_TEMPLATE,
     progress: bool = True,
     max_cache_gib: float = 8.0,
+    on_group: Callable[[list[int], list[SiteResult]], None] | None = None,
 ) -> list[SiteResult]:
     """Train the alphas of several tasks at once, each on its own rows of one shared batch.
 
@@ -138,13 +139,16 @@ def train_site_many(
     validation and best step. The loss summed over tasks has, for each task's alphas, exactly
     that task's gradient, and Adam acts element-wise, so this equals training every task
     separately (up to float rounding) while every weight read serves all tasks. Tasks are
-    trained in groups whose prefix caches fit in ``max_cache_gib``.
+    trained in groups whose prefix caches fit in ``max_cache_gib``; ``on_group(indices, results)``
+    is called as each group finishes (e.g. to save its alphas, so an interrupted run keeps them).
     """
     results: dict[int, SiteResult] = {}
     for group in _groups(bridge, tasks, config, max_cache_gib):
         trained = _train_joint(bridge, [tasks[k] for k in group], [embeddings[k] for k in group], config,
                                template=template, progress=progress, max_cache_gib=max_cache_gib)
         results.update(zip(group, trained))
+        if on_group is not None:
+            on_group(list(group), list(trained))
     return [results[k] for k in range(len(tasks))]
 
 

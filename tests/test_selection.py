@@ -100,6 +100,9 @@ def test_tasks_are_grouped_by_cache_budget_with_the_same_result(tiny_llama):
     assert _groups(tiny_llama, tasks, CFG, 1e-9) == [[0], [1], [2]]
     embs = [compute_task_embedding(tiny_llama, t, EmbeddingConfig(n_prompts=4, n_shots=2), progress=False) for t in tasks]
     one = train_site_many(tiny_llama, tasks, embs, CFG, progress=False)
-    split = train_site_many(tiny_llama, tasks, embs, CFG, progress=False, max_cache_gib=1e-9)
+    seen: list[tuple[list[int], list[str]]] = []
+    split = train_site_many(tiny_llama, tasks, embs, CFG, progress=False, max_cache_gib=1e-9,
+                            on_group=lambda idx, res: seen.append((idx, [r.task for r in res])))
     for a, b in zip(one, split):
         assert torch.allclose(a.alpha, b.alpha, atol=1e-4) and a.task == b.task
+    assert seen == [([0], ["t1"]), ([1], ["t2"]), ([2], ["t3"])]  # reported as each group ends
