@@ -97,3 +97,63 @@ def test_pool_falls_back_to_full_prompts_over_the_memory_budget(tiny_llama):
     assert small.prefix is None
     rows = torch.arange(2)
     assert torch.equal(small.correct(rows), PromptPool(tiny_llama, [batch]).correct(rows))
+
+
+def _brute_force_cost(widths: list[int], overhead: int) -> float:
+    """Cheapest split of sorted widths into contiguous groups, by trying every cut set."""
+    import itertools
+
+    w = sorted(widths)
+    best = float("inf")
+    for k in range(len(w)):
+        for cuts in itertools.combinations(range(1, len(w)), k):
+            bounds = [0, *cuts, len(w)]
+            cost = sum(overhead + (b - a) * w[b - 1] for a, b in zip(bounds, bounds[1:]))
+            best = min(best, cost)
+    return best
+
+
+@pytest.mark.parametrize("overhead", [0, 5, 40, 1000])
+def test_width_buckets_is_optimal_and_covers_every_row(overhead):
+    from site_interp.pool import width_buckets
+
+    g = torch.Generator().manual_seed(overhead)
+    widths = torch.randint(3, 60, (9,), generator=g)
+    groups = width_buckets(widths, overhead)
+    assert sorted(torch.cat(groups).tolist()) == list(range(9))
+    cost = sum(overhead + len(gr) * int(widths[gr].max()) for gr in groups)
+    assert cost == _brute_force_cost(widths.tolist(), overhead)
+    if overhead >= 1000:
+        assert len(groups) == 1  # never worth a second forward
+    if overhead == 0:
+        assert len(groups) == len(widths.unique())  # one forward per distinct width
+
+
+def test_pool_width_buckets_give_the_same_logits_and_gradients(tiny):
+    """A batch mixing short and long prompts, run as one forward and as width groups."""
+    from site_interp.pool import PromptPool, width_buckets
+    from site_interp.prompts import build_prompts
+
+    short = [{"input": w, "output": "x"} for w in ["a", "bc", "d"]]
+    long = [{"input": "a much longer input " * 6, "output": "y"}]
+    pool = PromptPool(tiny, [build_prompts(tiny.tokenizer, short), build_prompts(tiny.tokenizer, long)])
+    assert pool.widths[-1] > 3 * pool.widths[0]
+    L, H, D = tiny.cfg.n_layers, tiny.cfg.n_heads, tiny.cfg.d_head
+    rows = torch.tensor([3, 0, 2, 1])
+    t = torch.randn(4, L, H, D)
+
+    def run(overhead):
+        pool.bucket_overhead = overhead
+        assert len(width_buckets(pool.widths[rows], overhead)) == (1 if overhead else 2)
+        logit = torch.zeros(4, L, H, requires_grad=True)
+        logits = pool.logits(rows, torch.sigmoid(logit), t)
+        pool.losses(rows, torch.sigmoid(logit), t).sum().backward()
+        return logits.detach(), logit.grad
+
+    one_logits, one_grad = run(10**9)
+    split_logits, split_grad = run(0)
+    assert torch.allclose(one_logits, split_logits, atol=1e-5)
+    assert torch.allclose(one_grad, split_grad, atol=1e-6)
+    assert torch.equal(pool.correct(rows, torch.full((4, L, H), 0.5), t, chunk=3),
+                       torch.cat([pool.correct(rows[i : i + 1], torch.full((1, L, H), 0.5), t[i : i + 1])
+                                  for i in range(4)]))
