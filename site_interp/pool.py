@@ -130,19 +130,33 @@ class PromptPool:
         alpha: Float[Tensor, "n layer head"] | None = None,
         t: Float[Tensor, "n layer head d_head"] | None = None,
         *,
+        alpha_index: Int[Tensor, " n"] | None = None,
+        t_index: Int[Tensor, " n"] | None = None,
         chunk: int = 128,
         progress: bool = False,
         desc: str = "scoring",
     ) -> Bool[Tensor, " n"]:
-        """First-token correctness of every row, in chunks of ``chunk`` rows of similar widths."""
+        """First-token correctness of every row, in chunks of ``chunk`` rows of similar widths.
+
+        ``alpha`` and ``t`` are per row, or, with ``alpha_index`` / ``t_index``, tables indexed per
+        row (e.g. a 57 x 57 transfer matrix: 57 embeddings instead of 168k copies, 12 GB).
+        """
         if len(rows) == 0:
             return torch.zeros(0, dtype=torch.bool)
         order = torch.argsort(self.widths[rows.cpu()], stable=True)
         out = torch.empty(len(rows), dtype=torch.bool)
         for start in tqdm(range(0, len(rows), chunk), desc=desc, disable=not progress, leave=False):
             sel = order[start : start + chunk]
-            a = alpha[sel.to(alpha.device)] if alpha is not None else None
-            tt = t[sel.to(t.device)] if t is not None else None
+            a = _pick(alpha, sel, alpha_index)
+            tt = _pick(t, sel, t_index)
             pred = self.logits(rows[sel], a, tt).argmax(-1).cpu()
             out[sel] = pred == self.targets[rows[sel]]
         return out
+
+
+def _pick(values: Tensor | None, sel: Tensor, index: Tensor | None) -> Tensor | None:
+    """``values`` of the selected rows (through ``index`` when the values are a table)."""
+    if values is None:
+        return None
+    rows = sel if index is None else index[sel]
+    return values[rows.to(values.device)]

@@ -103,7 +103,8 @@ def transfer_matrix(
     rows = torch.arange(len(pool)).repeat_interleave(n_src)
     src = torch.arange(n_src).repeat(len(pool))
     target = pool.owner[rows]
-    correct = pool.correct(rows, sources[src], ts[target], chunk=chunk, progress=progress, desc="transfer")
+    correct = pool.correct(rows, sources, ts, alpha_index=src, t_index=target, chunk=chunk, progress=progress,
+                           desc="transfer")
     starts = torch.stack([r[0] for r in pool.ranges])
     records = pd.DataFrame({
         "source": [source_names[i] for i in src.tolist()],

@@ -157,3 +157,8 @@ def test_pool_width_buckets_give_the_same_logits_and_gradients(tiny):
     assert torch.equal(pool.correct(rows, torch.full((4, L, H), 0.5), t, chunk=3),
                        torch.cat([pool.correct(rows[i : i + 1], torch.full((1, L, H), 0.5), t[i : i + 1])
                                   for i in range(4)]))
+    # tables indexed per row (the transfer matrix's form) = per-row tensors
+    table_a, table_t = torch.rand(2, L, H), torch.randn(3, L, H, D)
+    ai, ti = torch.tensor([1, 0, 1, 1]), torch.tensor([2, 2, 0, 1])
+    assert torch.equal(pool.correct(rows, table_a, table_t, alpha_index=ai, t_index=ti, chunk=3),
+                       pool.correct(rows, table_a[ai], table_t[ti], chunk=3))
