@@ -161,16 +161,17 @@ def _groups(bridge, tasks: Sequence[Task], config: SiteConfig, max_cache_gib: fl
     from site_interp.prompts import encode
 
     budget = max_cache_gib * 2**30
-    needs = []
+    per_row, needs = [], []
     for task in tasks:
         n_rows = min(len(task.train), config.steps * config.batch_size)
         n_valid = len(task.valid) if config.n_valid is None else min(len(task.valid), config.n_valid)
         sample = [encode(bridge.tokenizer, e["input"]) for e in task.train[:200] + task.valid[:200]]
         # prompt = template + input: a few tokens more than the input alone
-        needs.append(prefix_cache_bytes(bridge, [s + [0] * 8 for s in sample]) / len(sample) * (n_rows + n_valid))
+        per_row.append(prefix_cache_bytes(bridge, [s + [0] * 8 for s in sample]) / len(sample))
+        needs.append(per_row[-1] * (n_rows + n_valid))
     groups: list[list[int]] = [[]]
     used = 0.0
-    for k in sorted(range(len(tasks)), key=lambda i: needs[i] / (1 + len(tasks[i].train) + len(tasks[i].valid))):
+    for k in sorted(range(len(tasks)), key=lambda i: per_row[i]):  # shortest prompts first
         need = needs[k]
         if groups[-1] and used + need > budget:
             groups.append([])

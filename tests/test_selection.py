@@ -92,6 +92,19 @@ def test_embedding_from_another_model_is_refused(tiny_llama, toy):
         train_site(tiny_llama, toy, torch.zeros(5, 4, 16), CFG, progress=False)
 
 
+def test_groups_take_shortest_prompts_first_whatever_the_valid_split_size(tiny_llama):
+    from dataclasses import replace
+
+    from site_interp.selection import _groups
+    from site_interp.tasks import Task
+
+    short = toy_task("short")
+    pairs = [{"input": "abcdefghijklmnopqrst"[: 15 + i % 5], "output": "a"} for i in range(600)]
+    long = Task("long", pairs[:40], pairs[40:540], pairs[540:])  # 500 valid examples, only 8 used
+    cfg = replace(CFG, n_valid=8)
+    assert _groups(tiny_llama, [long, short], cfg, 4.0) == [[1, 0]]
+
+
 def test_tasks_are_grouped_by_cache_budget_with_the_same_result(tiny_llama):
     from site_interp.selection import _groups
 
