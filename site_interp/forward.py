@@ -25,6 +25,15 @@ from site_interp.prompts import left_pad, pad_id
 log = logging.getLogger(__name__)
 
 
+def unsplit(parts: Sequence[Tensor], picks: Sequence[Int[Tensor, " n"]]) -> Tensor:
+    """Undo a split of a batch: ``parts[i]`` holds rows ``picks[i]`` (together a permutation of
+    ``range(batch)``); returns them concatenated in the original row order."""
+    order = torch.cat([p.cpu() for p in picks])
+    inverse = torch.empty(len(order), dtype=torch.long)
+    inverse[order] = torch.arange(len(order))
+    return torch.cat(list(parts))[inverse.to(parts[0].device)]
+
+
 def model_device(bridge) -> torch.device:
     """The device of the input embedding (where token ids must go)."""
     return bridge.cfg.device if isinstance(bridge.cfg.device, torch.device) else torch.device(bridge.cfg.device or "cpu")
@@ -133,15 +142,11 @@ class SegmentedPrefixCache:
             pick = (seg == i).nonzero().flatten()
             parts.append(self.segments[i].gather(self.local[rows[pick]], width))
             order.append(pick)
-        inverse = torch.empty(len(rows), dtype=torch.long)
-        inverse[torch.cat(order)] = torch.arange(len(rows))
         n_layers = len(parts[0][0])
-        device = parts[0][3].device
-        inverse = inverse.to(device)
-        keys = [torch.cat([p[0][layer] for p in parts])[inverse] for layer in range(n_layers)]
-        values = [torch.cat([p[1][layer] for p in parts])[inverse] for layer in range(n_layers)]
-        mask = torch.cat([p[2] for p in parts])[inverse]
-        last = torch.cat([p[3] for p in parts])[inverse]
+        keys = [unsplit([p[0][layer] for p in parts], order) for layer in range(n_layers)]
+        values = [unsplit([p[1][layer] for p in parts], order) for layer in range(n_layers)]
+        mask = unsplit([p[2] for p in parts], order)
+        last = unsplit([p[3] for p in parts], order)
         return _dynamic_cache(keys, values, self.segments[0].hf_config), last, mask
 
 

@@ -23,7 +23,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from site_interp.forward import last_token_logits, prefix_cache_for
+from site_interp.forward import last_token_logits, prefix_cache_for, unsplit
 from site_interp.hooks import injection_hooks
 from site_interp.prompts import PromptBatch
 
@@ -114,9 +114,7 @@ class PromptPool:
             parts.append(last_token_logits(self.bridge, self.token_ids, hooks, prefix=self.prefix, rows=rows[g]))
         if len(parts) == 1 and torch.equal(groups[0], torch.arange(len(rows))):
             return parts[0]
-        inverse = torch.empty(len(rows), dtype=torch.long)
-        inverse[torch.cat(groups)] = torch.arange(len(rows))
-        return torch.cat(parts)[inverse.to(parts[0].device)]
+        return unsplit(parts, groups)
 
     def losses(self, rows: Tensor, alpha: Tensor | None = None, t: Tensor | None = None) -> Float[Tensor, " batch"]:
         """Cross-entropy of each row's first answer token (differentiable in ``alpha`` and ``t``)."""

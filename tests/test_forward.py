@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from site_interp.forward import build_prefix_cache, greedy_generate, last_token_logits, prefix_cache_fits
+from site_interp.forward import build_prefix_cache, greedy_generate, last_token_logits, prefix_cache_fits, unsplit
 from site_interp.hooks import injection_hooks
 from site_interp.prompts import encode
 
@@ -162,3 +162,12 @@ def test_pool_width_buckets_give_the_same_logits_and_gradients(tiny):
     ai, ti = torch.tensor([1, 0, 1, 1]), torch.tensor([2, 2, 0, 1])
     assert torch.equal(pool.correct(rows, table_a, table_t, alpha_index=ai, t_index=ti, chunk=3),
                        pool.correct(rows, table_a[ai], table_t[ti], chunk=3))
+
+
+def test_unsplit_restores_the_row_order_of_a_split_batch():
+    x = torch.randn(11, 3)
+    perm = torch.randperm(11, generator=torch.Generator().manual_seed(1))
+    picks = [perm[:4], perm[4:5], perm[5:]]
+    assert torch.equal(unsplit([x[p] for p in picks], picks), x)
+    with pytest.raises(Exception):  # rows missing from the picks: not a permutation
+        unsplit([x[:3]], [torch.tensor([0, 1, 2, 5])])
