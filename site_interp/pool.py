@@ -23,45 +23,9 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from site_interp.forward import last_token_logits, prefix_cache_for, unsplit
+from site_interp.forward import BUCKET_OVERHEAD_TOKENS, last_token_logits, prefix_cache_for, unsplit, width_buckets
 from site_interp.hooks import injection_hooks
 from site_interp.prompts import PromptBatch
-
-
-BUCKET_OVERHEAD_TOKENS = 2048
-"""A forward's fixed cost (weight reads, Python) in padded row-tokens: a batch is split into
-forwards of similar widths only where that saves more than this many padded tokens per extra
-forward. Measured on gemma-3-270m, CPU: a forward costs ~0.22 s beyond its rows, a padded
-row-token ~0.13 ms, i.e. ~1700 row-tokens."""
-
-
-def width_buckets(widths: Int[Tensor, " n"], overhead: int = BUCKET_OVERHEAD_TOKENS) -> list[Int[Tensor, " k"]]:
-    """Split rows into groups (indices into ``widths``) that minimise padded cost.
-
-    The cost of a group is ``overhead + rows * widest``; groups are contiguous in width order
-    (optimal by exchange), found exactly by dynamic programming over the distinct widths.
-    """
-    if len(widths) == 0:
-        return []
-    order = torch.argsort(widths, stable=True)
-    distinct, counts = torch.unique_consecutive(widths[order], return_counts=True)
-    w, c = distinct.tolist(), counts.tolist()
-    m = len(w)
-    best = [0.0] + [float("inf")] * m  # best[j]: cost of the first j distinct widths
-    cut = [0] * (m + 1)
-    for j in range(1, m + 1):
-        rows = 0
-        for i in range(j - 1, -1, -1):  # group = distinct widths i .. j-1
-            rows += c[i]
-            cost = best[i] + overhead + rows * w[j - 1]
-            if cost < best[j]:
-                best[j], cut[j] = cost, i
-    bounds, j = [], m
-    while j > 0:
-        bounds.append((cut[j], j))
-        j = cut[j]
-    starts = [0] + torch.tensor(c).cumsum(0).tolist()
-    return [order[starts[i] : starts[j]] for i, j in reversed(bounds)]
 
 
 class PromptPool:
@@ -78,6 +42,7 @@ class PromptPool:
         fast: bool = True,
         max_cache_gib: float = 8.0,
         bucket_overhead: int = BUCKET_OVERHEAD_TOKENS,
+        progress: bool = False,
     ):
         self.bridge = bridge
         self.bucket_overhead = bucket_overhead
@@ -87,8 +52,9 @@ class PromptPool:
         self.owner = torch.cat([torch.full((len(b),), k, dtype=torch.long) for k, b in enumerate(batches)])
         starts = torch.tensor([0] + [len(b) for b in batches]).cumsum(0).tolist()
         self.ranges = [torch.arange(starts[k], starts[k + 1]) for k in range(len(batches))]
-        self.prefix = prefix_cache_for(bridge, [b.token_ids for b in batches], fast=fast, max_cache_gib=max_cache_gib)
-        if self.prefix is not None:  # a row is padded to its segment's width at least
+        self.prefix = prefix_cache_for(bridge, [b.token_ids for b in batches], fast=fast, max_cache_gib=max_cache_gib,
+                                       progress=progress)
+        if self.prefix is not None:  # a row is padded to its cache piece's width at least
             seg_width = torch.tensor([s.mask.shape[1] for s in self.prefix.segments])
             self.widths = seg_width[self.prefix.segment_of]
         else:

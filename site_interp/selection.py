@@ -208,9 +208,9 @@ def _train_joint(
         schedules.append([[local[i] for i in rows] for rows in order])
         subset = Task(task.name, [task.train[i] for i in used], task.valid, task.test)
         train_batches.append(zero_shot_batch(bridge, subset, "train", template=template))
-    train = PromptPool(bridge, train_batches, fast=config.fast, max_cache_gib=max_cache_gib)
+    train = PromptPool(bridge, train_batches, fast=config.fast, max_cache_gib=max_cache_gib, progress=progress)
     valid_batches = [zero_shot_batch(bridge, t, "valid", config.n_valid, template=template) for t in tasks]
-    valid = PromptPool(bridge, valid_batches, fast=config.fast, max_cache_gib=max_cache_gib)
+    valid = PromptPool(bridge, valid_batches, fast=config.fast, max_cache_gib=max_cache_gib, progress=progress)
 
     logit = torch.zeros(n_tasks, n_layers, n_heads, requires_grad=True)
     opt = torch.optim.Adam([logit], lr=config.lr)

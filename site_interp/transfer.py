@@ -92,7 +92,7 @@ def transfer_matrix(
         build_prompts(bridge.tokenizer, (t.test[:n_test] if n_test else t.test), max_length=model_context(bridge), task=t.name)
         for t in tasks
     ]
-    pool = PromptPool(bridge, batches)
+    pool = PromptPool(bridge, batches, progress=progress)
     ts = torch.stack([embeddings[n].float().cpu() for n in names])  # [T, L, H, D]
     a = torch.stack([alphas[n].float().cpu() for n in names])  # [T, L, H]
     sources = torch.cat([a, torch.zeros_like(a[:1]), torch.full_like(a[:1], 0.5)])  # + references

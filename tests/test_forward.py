@@ -171,3 +171,34 @@ def test_unsplit_restores_the_row_order_of_a_split_batch():
     assert torch.equal(unsplit([x[p] for p in picks], picks), x)
     with pytest.raises(Exception):  # rows missing from the picks: not a permutation
         unsplit([x[:3]], [torch.tensor([0, 1, 2, 5])])
+
+
+@torch.no_grad()
+def test_prefix_cache_pieces_of_similar_widths_equal_full_prompts(tiny):
+    """Each segment is cached as width pieces (rows permuted inside); any rows, any order."""
+    from site_interp.forward import prefix_cache_for
+
+    ids = _ids(tiny)
+    segments = [ids + [ids[1], ids[2] * 3], ids[::-1]]  # widths 3x apart inside the first segment
+    flat = [x for s in segments for x in s]
+    one = prefix_cache_for(tiny, segments, piece_overhead=10**9)
+    split = prefix_cache_for(tiny, segments, piece_overhead=0)
+    assert len(one.segments) == 2 and len(split.segments) > 2
+    stored = lambda c: sum(s.mask.numel() for s in c.segments)  # noqa: E731
+    assert stored(split) < stored(one)
+    L, H, D = tiny.cfg.n_layers, tiny.cfg.n_heads, tiny.cfg.d_head
+    hooks = injection_hooks(torch.rand(L, H), torch.randn(L, H, D))
+    rows = torch.tensor([5, 0, 9, 3, 7, 1, 8])
+    expected = last_token_logits(tiny, [flat[i] for i in rows.tolist()], hooks)
+    for cache in (one, split):
+        assert torch.allclose(last_token_logits(tiny, hooks=hooks, prefix=cache, rows=rows), expected, atol=1e-5)
+
+
+def test_segmented_prefix_cache_refuses_rows_that_are_not_a_permutation(tiny):
+    from site_interp.forward import SegmentedPrefixCache
+
+    ids = _ids(tiny)
+    pieces = [build_prefix_cache(tiny, ids[:2]), build_prefix_cache(tiny, ids[2:])]
+    SegmentedPrefixCache(pieces, [torch.tensor([3, 0]), torch.tensor([1, 2])])  # fine
+    with pytest.raises(ValueError, match="cover every row once"):
+        SegmentedPrefixCache(pieces, [torch.tensor([0, 0]), torch.tensor([1, 2])])
