@@ -5,6 +5,7 @@
     python benchmarks/bench_speed.py --no-p1p2 --p3       # P3 alone; its artifacts (runs/bench-fv57) are
                                                           # reused by python -m site_interp.bench
     python benchmarks/bench_speed.py --no-p1p2 --p3-profile   # P3's embedding seconds per task vs its tokens
+    python benchmarks/bench_speed.py --no-p1p2 --prefix-pieces  # prefix cache: one piece per task vs width pieces
 
 P1  task-embedding extraction / a plain hook-free forward over the same batches   (target <= 1.10)
 P2  alpha training: the paper's procedure (batch 1, 400 full-prompt steps, one task at a time)
@@ -155,6 +156,31 @@ def p3_profile(bridge, tasks, out: str, cfg: EmbeddingConfig = EmbeddingConfig()
             "per_task": rows}
 
 
+PIECE_TASKS = ("conll2003_person", "commonsense_qa", "sentiment", "landmark-country")
+
+
+def prefix_pieces(bridge, tasks, n_rows: int = 100, repeats: int = 2) -> dict:
+    """Building the prefix caches of SITE's validation prompts: one piece per task (padded to the
+    task's longest prompt) vs pieces of similar widths (the default); interleaved, best of repeats."""
+    from site_interp.forward import prefix_cache_for
+    from site_interp.selection import zero_shot_batch
+
+    segments = [zero_shot_batch(bridge, t, "valid", n_rows).token_ids for t in tasks]
+    times: dict[str, list[float]] = {"one_piece_s": [], "pieces_s": []}
+    stored = {}
+    for _ in range(repeats):
+        for key, overhead in (("one_piece_s", 10**9), ("pieces_s", None)):
+            kw = {} if overhead is None else {"piece_overhead": overhead}
+            t0 = time.perf_counter()
+            cache = prefix_cache_for(bridge, segments, **kw)
+            times[key].append(time.perf_counter() - t0)
+            stored[key] = sum(s.mask.numel() for s in cache.segments)
+    out = {k: min(v) for k, v in times.items()}
+    return {"tasks": [t.name for t in tasks], "rows": sum(len(s) for s in segments), **out,
+            "ratio": out["one_piece_s"] / out["pieces_s"], "padded_tokens_one_piece": stored["one_piece_s"],
+            "padded_tokens_pieces": stored["pieces_s"], "real_tokens": sum(len(x) for s in segments for x in s)}
+
+
 def save(report: dict, out: str) -> None:
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     Path(out).write_text(json.dumps(report, indent=2) + "\n")
@@ -192,6 +218,8 @@ def main() -> int:
                    help="P4 on a K x K slice (every (57/K)-th task) and extrapolated by rows; default: all 57")
     p.add_argument("--p3-profile", action="store_true",
                    help="per-task embedding seconds of the timed P3 run against its prompt tokens (no forward)")
+    p.add_argument("--prefix-pieces", action="store_true",
+                   help="time building prefix caches as one piece per task vs pieces of similar widths")
     p.add_argument("--p3-out", default="runs/bench-fv57", help="P3's artifact directory (use a fresh one to time it)")
     p.add_argument("--out", default="benchmarks/results.json", help="report (merged into an existing one)")
     args = p.parse_args()
@@ -209,6 +237,12 @@ def main() -> int:
         for r in prof["per_task"][:5]:
             print(f"  {r['task']}: {r['embedding_s']:.0f} s, {r['tokens']} tokens "
                   f"(longest prompt {r['max_prompt_tokens']}), {r['tokens'] / r['embedding_s']:.0f} tokens/s")
+    if args.prefix_pieces:
+        r = report["prefix_pieces"] = prefix_pieces(bridge, list(load_task_dir(args.data_dir, PIECE_TASKS).values()))
+        print(f"prefix caches of {r['rows']} prompts: one piece per task {r['one_piece_s']:.1f} s "
+              f"({r['padded_tokens_one_piece']} padded tokens), width pieces {r['pieces_s']:.1f} s "
+              f"({r['padded_tokens_pieces']}; real {r['real_tokens']}) -> {r['ratio']:.2f}x", flush=True)
+        save(report, args.out)
     if args.p3:
         all_tasks = list(load_task_dir(args.data_dir).values())
         (p3_times, embs57, alphas57), accs = p3(bridge, all_tasks, args.n_test, args.p3_out)
