@@ -162,17 +162,16 @@ PIECE_TASKS = ("conll2003_person", "commonsense_qa", "sentiment", "landmark-coun
 def prefix_pieces(bridge, tasks, n_rows: int = 100, repeats: int = 2) -> dict:
     """Building the prefix caches of SITE's validation prompts: one piece per task (padded to the
     task's longest prompt) vs pieces of similar widths (the default); interleaved, best of repeats."""
-    from site_interp.forward import prefix_cache_for
+    from site_interp.forward import PREFIX_PIECE_OVERHEAD_TOKENS, prefix_cache_for
     from site_interp.selection import zero_shot_batch
 
     segments = [zero_shot_batch(bridge, t, "valid", n_rows).token_ids for t in tasks]
     times: dict[str, list[float]] = {"one_piece_s": [], "pieces_s": []}
     stored = {}
     for _ in range(repeats):
-        for key, overhead in (("one_piece_s", 10**9), ("pieces_s", None)):
-            kw = {} if overhead is None else {"piece_overhead": overhead}
+        for key, overhead in (("one_piece_s", 10**9), ("pieces_s", PREFIX_PIECE_OVERHEAD_TOKENS)):
             t0 = time.perf_counter()
-            cache = prefix_cache_for(bridge, segments, **kw)
+            cache = prefix_cache_for(bridge, segments, piece_overhead=overhead)
             times[key].append(time.perf_counter() - t0)
             stored[key] = sum(s.mask.numel() for s in cache.segments)
     out = {k: min(v) for k, v in times.items()}
