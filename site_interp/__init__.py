@@ -1,6 +1,8 @@
 """site_interp: SITE (soft head-selection for ICL-derived task embeddings) on TransformerLens 4.
 
-The pipeline, one module per stage::
+The method, one module per stage (``docs/design.md`` maps every module); studies live in
+:mod:`site_interp.studies`, baselines in :mod:`site_interp.baselines`, figures in
+:mod:`site_interp.plots` (importing this package loads no plotting library)::
 
     from site_interp import load_model, builtin_task, compute_task_embedding, train_site, evaluate
 
@@ -14,13 +16,14 @@ The pipeline, one module per stage::
 
 from site_interp.artifacts import ArtifactMismatchError
 from site_interp.embeddings import EmbeddingConfig, TaskEmbedding, compute_task_embedding
+from site_interp.errors import UserError
 from site_interp.evaluation import EvalConfig, Method, TaskEvaluation, evaluate, exact_match, standard_methods
 from site_interp.hooks import capture_hooks, injection_hooks, make_capture_hook, make_soft_injection_hook
-from site_interp.loading import DEFAULT_MODEL, available_models, load_model, tiny_bridge
+from site_interp.loading import DEFAULT_MODEL, ModelError, available_models, load_model, tiny_bridge
 from site_interp.pipeline import RunConfig, TaskRun, run_task, run_tasks
 from site_interp.prompts import DEFAULT_TEMPLATE, PromptTemplate, build_prompts
-from site_interp.selection import SiteConfig, SiteResult, train_site, train_site_many, uniform_alpha
 from site_interp.tasks import Task, TaskError, builtin_task, load_json_task, load_task, load_task_dir, resolve_tasks
+from site_interp.training import SiteConfig, SiteResult, train_site, train_site_many, uniform_alpha
 
 __version__ = "0.1.0"
 
@@ -31,6 +34,7 @@ __all__ = [
     "EmbeddingConfig",
     "EvalConfig",
     "Method",
+    "ModelError",
     "PromptTemplate",
     "RunConfig",
     "SiteConfig",
@@ -40,6 +44,7 @@ __all__ = [
     "TaskError",
     "TaskEvaluation",
     "TaskRun",
+    "UserError",
     "available_models",
     "build_prompts",
     "builtin_task",

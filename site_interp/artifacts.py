@@ -17,10 +17,12 @@ import re
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
 from safetensors.torch import load_file, save_file
+
+from site_interp.errors import UserError
 
 _UMASK = os.umask(0)
 os.umask(_UMASK)
@@ -28,7 +30,7 @@ os.umask(_UMASK)
 PACKAGES = ("site_interp", "torch", "transformers", "transformer-lens", "numpy")
 
 
-class ArtifactMismatchError(RuntimeError):
+class ArtifactMismatchError(UserError, RuntimeError):
     """An existing artifact was made with another model, task data or configuration."""
 
 
@@ -52,7 +54,11 @@ def slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", text.replace("/", "--")).strip("-") or "x"
 
 
-def _atomic(path: Path, write) -> None:
+def write_atomic(path: str | Path, write: Callable[[str], Any]) -> Path:
+    """Write ``path`` atomically: ``write(tmp)`` fills a temporary file beside it, which then
+    replaces ``path`` in one rename, so a reader (or a killed run) never sees a partial file.
+    Every file this package writes goes through here."""
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
@@ -63,19 +69,20 @@ def _atomic(path: Path, write) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    return path
 
 
 def write_json(path: str | Path, obj: Any) -> Path:
     """Write JSON atomically (temp file + rename)."""
     path = Path(path)
     text = json.dumps(obj, indent=2, sort_keys=False, default=_jsonable)
-    _atomic(path, lambda tmp: Path(tmp).write_text(text + "\n"))
+    write_atomic(path, lambda tmp: Path(tmp).write_text(text + "\n"))
     return path
 
 
 def write_text(path: str | Path, text: str) -> Path:
     path = Path(path)
-    _atomic(path, lambda tmp: Path(tmp).write_text(text))
+    write_atomic(path, lambda tmp: Path(tmp).write_text(text))
     return path
 
 
@@ -100,7 +107,7 @@ def save_artifact(
     """Save ``tensors`` to ``path`` (``.safetensors``) and key/provenance/info to its sidecar JSON."""
     path = Path(path)
     data = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
-    _atomic(path, lambda tmp: save_file(data, tmp, metadata={"key": json.dumps(key, sort_keys=True, default=_jsonable)}))
+    write_atomic(path, lambda tmp: save_file(data, tmp, metadata={"key": json.dumps(key, sort_keys=True, default=_jsonable)}))
     write_json(path.with_suffix(".json"), {"key": dict(key), "provenance": provenance(seed), **(info or {})})
     return path
 

@@ -9,16 +9,20 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from jaxtyping import Float
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from site_interp.forward import model_device
-from site_interp.hooks import capture_hooks, make_resid_capture_hook, resid_name, stack_captured
-from site_interp.prompts import DEFAULT_TEMPLATE, PromptTemplate, build_prompts, left_pad, model_context, pad_id
-from site_interp.tasks import Task, TaskError
+from site_interp.hooks import capture_hooks, stack_captured
+from site_interp.loading import model_context, model_device
+from site_interp.prompts import DEFAULT_TEMPLATE, PromptTemplate, icl_prompt_batch, left_pad, pad_id
+from site_interp.tasks.core import Task
+
+if TYPE_CHECKING:
+    from transformer_lens.model_bridge import TransformerBridge
 
 
 @dataclass(frozen=True)
@@ -56,27 +60,9 @@ class TaskEmbedding:
     artifact that predates it."""
 
 
-def icl_prompt_batch(tokenizer, task: Task, n_prompts: int, n_shots: int, seed: int, *, max_length=None, template=DEFAULT_TEMPLATE):
-    """The M N-shot prompts used for a task embedding (queries and demos from train)."""
-    if not task.train:
-        raise TaskError(f"{task.name}: the train split is empty")
-    g = torch.Generator().manual_seed(seed)
-    replace = n_prompts > len(task.train)
-    order = (
-        torch.randint(len(task.train), (n_prompts,), generator=g)
-        if replace
-        else torch.randperm(len(task.train), generator=g)[:n_prompts]
-    )
-    queries = [task.train[i] for i in order.tolist()]
-    return build_prompts(
-        tokenizer, queries, n_shots=n_shots, demo_pool=task.train, seed=seed,
-        template=template, max_length=max_length, task=task.name,
-    )
-
-
 @torch.no_grad()
 def compute_task_embedding(
-    bridge,
+    bridge: TransformerBridge,
     task: Task,
     config: EmbeddingConfig = EmbeddingConfig(),
     *,
@@ -103,15 +89,15 @@ def compute_task_embedding(
     for start in tqdm(starts, desc=f"embedding {task.name}", disable=not progress, leave=False):
         chunk = [batch.token_ids[i] for i in by_length[start : start + config.batch_size]]
         ids, mask = left_pad(chunk, pad_id(bridge.tokenizer), device)
-        store: dict[int, Tensor] = {}
-        res_store: dict[int, Tensor] = {}
-        hooks = capture_hooks(n_layers, store) + [
-            (resid_name(layer), make_resid_capture_hook(res_store, layer)) for layer in range(n_layers)
-        ]
+        store: dict = {}
+        hooks = capture_hooks(n_layers, store) + capture_hooks(n_layers, store, act="resid_pre")
         bridge.run_with_hooks(ids, fwd_hooks=hooks, attention_mask=mask, logits_to_keep=1)
         z = stack_captured(store, n_layers).sum(0)  # [layer, head, d_head]
         total = z if total is None else total + z
-        resid += torch.stack([res_store[layer].to("cpu", torch.float32).sum(0) for layer in range(n_layers)])
+        resid += stack_captured(store, n_layers, act="resid_pre").sum(0)  # [layer, d_model]
     assert total is not None
     return TaskEmbedding(task=task.name, t=total / len(batch), config=config, seconds=time.perf_counter() - t0,
                          resid=resid / len(batch))
+
+
+__all__ = ["EmbeddingConfig", "TaskEmbedding", "compute_task_embedding"]

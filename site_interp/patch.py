@@ -1,42 +1,37 @@
-"""``python -m site_interp.patch``: the patching study, transfer matrix and head-overlap clustering.
+"""``python -m site_interp.patch``: SITE on some tasks, then the whole study around it.
 
 For every task: train (or reuse) the task embedding and alphas, evaluate 0-shot / ICL / SITE,
 then hard-patch the task embedding into the top-k, bottom-k and random-k heads (and ablate the
 top-k from full SITE) over a sweep of k. Across tasks: the alpha transfer matrix, Jaccard /
 cosine / Spearman similarity of the alphas with a permutation null, hierarchical clustering,
-and whether head overlap predicts transfer. Writes CSV/JSON and figures under
-``<out>/<model>/study`` and prints a short summary.
+and whether head overlap predicts transfer (:mod:`site_interp.studies`). Writes CSV/JSON and
+figures under ``<out>/<model>/study`` and ``<out>/<model>/figures`` and prints a short summary.
 """
 
 from __future__ import annotations
 
 import argparse
-import logging
-import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 
 import pandas as pd
 
-from site_interp.artifacts import ArtifactMismatchError, slug, write_json, write_text
-from site_interp.figures import make_figures
-from site_interp.patching import MODES, PatchConfig
-from site_interp.pipeline import RunConfig, model_id, run_tasks
-from site_interp.run import add_model_args, add_pipeline_args, add_task_args, config_from_args, load_from_args
-from site_interp.study import METRICS, StudyConfig, run_study, stability_study
-from site_interp.tasks import TaskError, resolve_tasks
-
-#: Default study: six built-in tasks of different kinds (about 15 minutes on a 2-core CPU).
-DEFAULT_TASKS = ("capitalize", "first_letter", "country_capital", "past_tense", "plural", "next_item")
+from site_interp import cli
+from site_interp.artifacts import slug, write_json, write_text
+from site_interp.pipeline import model_id, run_tasks
+from site_interp.plots.run_figures import make_figures, save_alpha_heatmaps
+from site_interp.studies.patching import MODES, PatchConfig
+from site_interp.studies.runner import StudyConfig, run_study
+from site_interp.studies.similarity import METRICS
+from site_interp.studies.stability import head_set_stability, variant_configs
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m site_interp.patch", description=__doc__.split("\n\n")[1])
-    add_model_args(p)
-    add_task_args(p, DEFAULT_TASKS)
-    add_pipeline_args(p)
+    cli.add_model_args(p)
+    cli.add_task_args(p)
+    cli.add_pipeline_args(p)
     g = p.add_argument_group("patching study")
     g.add_argument("--ks", type=int, nargs="+", default=None,
                    help="numbers of heads to patch (default 1 2 4 ... all heads, plus #heads with alpha > 0.5)")
@@ -58,18 +53,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _variants(cfg: RunConfig, seeds: Sequence[int], batch_sizes: Sequence[int]) -> dict[str, RunConfig]:
-    """Other seeds (everything seeded changes: prompts, demos, order) and batch sizes for stability."""
-    out = {}
-    for seed in seeds:
-        out[f"seed{seed}"] = replace(cfg, embedding=replace(cfg.embedding, seed=seed), site=replace(cfg.site, seed=seed))
-    for bs in batch_sizes:
-        steps = max(1, cfg.site.steps * cfg.site.batch_size // bs)
-        out[f"batch{bs}"] = replace(cfg, site=replace(cfg.site, batch_size=bs, steps=steps,
-                                                      eval_every=max(1, cfg.site.eval_every * steps // cfg.site.steps)))
-    return out
-
-
 def _headline(result) -> str:
     s = result.patching_summary()
     lines = []
@@ -87,42 +70,33 @@ def _headline(result) -> str:
     return "\n".join(lines)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(message)s")
+def body(args: argparse.Namespace) -> int:
     progress = not args.quiet
-    try:
-        tasks = resolve_tasks(args.tasks, args.data_dir, seed=args.seed)
-        run_cfg = config_from_args(args)
-        study_cfg = StudyConfig(
-            patch=PatchConfig(ks=tuple(args.ks) if args.ks else None, modes=tuple(args.modes), n_random=args.n_random,
-                              n_test=args.n_test or None, metric=args.metric, max_new_tokens=args.max_new_tokens,
-                              seed=args.seed),
-            transfer=not args.no_transfer, top_k=args.top_k, cluster_metric=args.cluster_metric,
-            n_perm=args.n_perm, seed=args.seed,
-        )
-        t0 = time.perf_counter()
-        bridge = load_from_args(args)
-        print(f"model {model_id(bridge)}: {bridge.cfg.n_layers} layers x {bridge.cfg.n_heads} heads, "
-              f"loaded in {time.perf_counter() - t0:.1f} s", flush=True)
-        t1 = time.perf_counter()
-        runs = run_tasks(bridge, tasks, run_cfg, args.out, progress=progress)
-        t_pipeline = time.perf_counter() - t1
-        root = Path(args.out) / slug(model_id(bridge))
-        t2 = time.perf_counter()
-        result = run_study(bridge, runs, study_cfg, root / "study", progress=progress)
-        stability = None
-        variants = _variants(run_cfg, args.stability_seeds, args.stability_batch_sizes)
-        if variants:
-            stability = stability_study(bridge, runs, variants, root, top_k=args.top_k, progress=progress)
-            write_text(root / "study" / "stability.csv", stability[0].to_csv(index=False))
-            write_json(root / "study" / "stability.json", {"variants": {k: v.to_dict() for k, v in variants.items()},
-                                                          **stability[1]})
-        t_study = time.perf_counter() - t2
-    except (TaskError, ArtifactMismatchError, FloatingPointError, ValueError, ModuleNotFoundError,
-            FileNotFoundError, KeyError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    tasks = cli.tasks_from_args(args)
+    run_cfg = cli.config_from_args(args)
+    study_cfg = StudyConfig(
+        patch=PatchConfig(ks=tuple(args.ks) if args.ks else None, modes=tuple(args.modes), n_random=args.n_random,
+                          n_test=args.n_test or None, metric=args.metric, max_new_tokens=args.max_new_tokens,
+                          seed=args.seed),
+        transfer=not args.no_transfer, top_k=args.top_k, cluster_metric=args.cluster_metric,
+        n_perm=args.n_perm, seed=args.seed,
+    )
+    bridge = cli.load_from_args(args)
+    t1 = time.perf_counter()
+    runs = run_tasks(bridge, tasks, run_cfg, args.out, progress=progress)
+    save_alpha_heatmaps(runs, model_id(bridge))
+    t_pipeline = time.perf_counter() - t1
+    root = Path(args.out) / slug(model_id(bridge))
+    t2 = time.perf_counter()
+    result = run_study(bridge, runs, study_cfg, root / "study", progress=progress)
+    stability = None
+    variants = variant_configs(run_cfg, args.stability_seeds, args.stability_batch_sizes)
+    if variants:
+        stability = head_set_stability(bridge, runs, variants, root, top_k=args.top_k, progress=progress)
+        write_text(root / "study" / "stability.csv", stability[0].to_csv(index=False))
+        write_json(root / "study" / "stability.json", {"variants": {k: v.to_dict() for k, v in variants.items()},
+                                                      **stability[1]})
+    t_study = time.perf_counter() - t2
     figures = make_figures(root, formats=args.formats)
     summary = pd.concat([r.summary() for r in runs], ignore_index=True)
     print("\nHeld-out first-token accuracy (%):")
@@ -150,6 +124,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"\npipeline {t_pipeline:.0f} s, study {t_study:.0f} s; {len(figures)} figure files in {root / 'figures'}")
     print(f"tables: {root / 'study'}")
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return cli.run_command(build_parser(), body, argv)
 
 
 if __name__ == "__main__":

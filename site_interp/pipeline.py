@@ -2,7 +2,9 @@
 
 ``run_task`` = task embedding -> alpha training -> evaluation (0-shot, N-shot ICL, SITE), each
 stage reused from ``<out>/<model>/<task>/`` when a matching artifact exists (see
-:mod:`site_interp.artifacts`). Used by ``python -m site_interp.run`` and the studies.
+:mod:`site_interp.artifacts`), and the run's tables (config, per-query results, summary) written
+there. Figures are drawn by the commands (:mod:`site_interp.plots`), not here. Used by
+``python -m site_interp.run`` and the studies.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 import torch
@@ -17,9 +20,11 @@ import torch
 from site_interp.artifacts import load_if_valid, provenance, save_artifact, slug, write_json, write_text
 from site_interp.embeddings import EmbeddingConfig, TaskEmbedding, compute_task_embedding
 from site_interp.evaluation import EvalConfig, TaskEvaluation, evaluate, standard_methods
-from site_interp.plotting import alpha_heatmap, save_figure
-from site_interp.selection import SiteConfig, SiteResult, train_site_many
-from site_interp.tasks import Task
+from site_interp.tasks.core import Task
+from site_interp.training import SiteConfig, SiteResult, train_site_many
+
+if TYPE_CHECKING:
+    from transformer_lens.model_bridge import TransformerBridge
 
 
 @dataclass(frozen=True)
@@ -58,16 +63,18 @@ class TaskRun:
         return self.evaluation.summary()
 
 
-def model_id(bridge) -> str:
+def model_id(bridge: TransformerBridge) -> str:
+    """The model's id as recorded in artifacts (hub id or resolved directory)."""
     info = getattr(bridge, "site_info", None)
     return info.model_id if info is not None else str(getattr(bridge.cfg, "model_name", "unknown"))
 
 
-def task_dir(out: str | Path, bridge, task: Task) -> Path:
+def task_dir(out: str | Path, bridge: TransformerBridge, task: Task) -> Path:
+    """``<out>/<model>/<task>/``: where a task's artifacts live."""
     return Path(out) / slug(model_id(bridge)) / slug(task.name)
 
 
-def _embedding_key(bridge, task: Task, cfg: RunConfig) -> dict:
+def _embedding_key(bridge: TransformerBridge, task: Task, cfg: RunConfig) -> dict:
     return {
         "model_id": model_id(bridge),
         "task": task.name,
@@ -76,7 +83,7 @@ def _embedding_key(bridge, task: Task, cfg: RunConfig) -> dict:
     }
 
 
-def get_embedding(bridge, task: Task, cfg: RunConfig, directory: Path | None, progress: bool) -> tuple[TaskEmbedding, bool]:
+def get_embedding(bridge: TransformerBridge, task: Task, cfg: RunConfig, directory: Path | None, progress: bool) -> tuple[TaskEmbedding, bool]:
     """Load the cached task embedding or compute and save it. Returns (embedding, computed?)."""
     key = _embedding_key(bridge, task, cfg)
     path = directory / "embedding.safetensors" if directory else None
@@ -91,11 +98,11 @@ def get_embedding(bridge, task: Task, cfg: RunConfig, directory: Path | None, pr
     return emb, True
 
 
-def _alpha_key(bridge, task: Task, cfg: RunConfig) -> dict:
+def _alpha_key(bridge: TransformerBridge, task: Task, cfg: RunConfig) -> dict:
     return {**_embedding_key(bridge, task, cfg), "site": cfg.site.result_key()}
 
 
-def _load_alphas(bridge, task: Task, cfg: RunConfig, directory: Path | None) -> SiteResult | None:
+def _load_alphas(bridge: TransformerBridge, task: Task, cfg: RunConfig, directory: Path | None) -> SiteResult | None:
     cached = load_if_valid(directory / "alphas.safetensors", _alpha_key(bridge, task, cfg)) if directory else None
     if cached is None:
         return None
@@ -107,7 +114,7 @@ def _load_alphas(bridge, task: Task, cfg: RunConfig, directory: Path | None) -> 
     )
 
 
-def _save_alphas(bridge, task: Task, cfg: RunConfig, directory: Path, res: SiteResult) -> None:
+def _save_alphas(bridge: TransformerBridge, task: Task, cfg: RunConfig, directory: Path, res: SiteResult) -> None:
     save_artifact(
         directory / "alphas.safetensors", {"alpha": res.alpha}, _alpha_key(bridge, task, cfg),
         {"best_step": res.best_step, "best_valid_loss": res.best_valid_loss, "history": res.history,
@@ -117,13 +124,13 @@ def _save_alphas(bridge, task: Task, cfg: RunConfig, directory: Path, res: SiteR
 
 
 def run_tasks(
-    bridge, tasks: list[Task], cfg: RunConfig = RunConfig(), out: str | Path | None = None, *, progress: bool = True,
+    bridge: TransformerBridge, tasks: list[Task], cfg: RunConfig = RunConfig(), out: str | Path | None = None, *, progress: bool = True,
     evaluate_methods: bool = True,
 ) -> list[TaskRun]:
     """Embedding -> alphas -> evaluation for every task; artifacts under ``out`` when given.
 
     Alphas missing from the cache are trained for all those tasks at once
-    (:func:`~site_interp.selection.train_site_many`: same result as one by one, one weight read
+    (:func:`~site_interp.training.train_site_many`: same result as one by one, one weight read
     per step for all of them). Training time is reported per task as the joint time / tasks.
     ``evaluate_methods=False`` stops after training (the runs then carry an empty evaluation).
     """
@@ -170,14 +177,14 @@ def run_tasks(
 
 
 def run_task(
-    bridge, task: Task, cfg: RunConfig = RunConfig(), out: str | Path | None = None, *, progress: bool = True
+    bridge: TransformerBridge, task: Task, cfg: RunConfig = RunConfig(), out: str | Path | None = None, *, progress: bool = True
 ) -> TaskRun:
     """:func:`run_tasks` for one task."""
     return run_tasks(bridge, [task], cfg, out, progress=progress)[0]
 
 
-def write_run_files(bridge, run: TaskRun, cfg: RunConfig) -> None:
-    """config.json, results.json/.csv, summary.csv and the alpha heatmap of one task run."""
+def write_run_files(bridge: TransformerBridge, run: TaskRun, cfg: RunConfig) -> None:
+    """config.json, results.json/.csv and summary.csv of one task run."""
     d = run.directory
     assert d is not None
     write_json(d / "config.json", {
@@ -193,5 +200,6 @@ def write_run_files(bridge, run: TaskRun, cfg: RunConfig) -> None:
     })
     write_text(d / "results.csv", run.evaluation.to_dataframe().to_csv(index=False))
     write_text(d / "summary.csv", summary.to_csv(index=False))
-    fig = alpha_heatmap(run.site.alpha, title=f"{run.task.name}: alpha ({model_id(bridge)})")
-    save_figure(fig, d / "alpha_heatmap", formats=("png",))
+
+
+__all__ = ["RunConfig", "TaskRun", "get_embedding", "model_id", "run_task", "run_tasks", "task_dir", "write_run_files"]

@@ -13,13 +13,18 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import torch
 from jaxtyping import Bool, Int
 from torch import Tensor
 
-from site_interp.tasks import Example, TaskError
+from site_interp.loading import model_context
+from site_interp.tasks.core import Example, Task, TaskError
+
+if TYPE_CHECKING:
+    from transformer_lens.model_bridge import TransformerBridge
+    from transformers import PreTrainedTokenizerBase
 
 
 @dataclass(frozen=True)
@@ -80,16 +85,16 @@ class PromptBatch:
         return len(self.texts)
 
 
-def _bos(tokenizer) -> list[int]:
+def _bos(tokenizer: PreTrainedTokenizerBase) -> list[int]:
     return [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
 
 
-def encode(tokenizer, text: str) -> list[int]:
+def encode(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
     """Token ids of ``text`` with the BOS convention of this package."""
     return _bos(tokenizer) + tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
-def first_answer_token(tokenizer, prompt: str, answer: str, *, task: str = "task") -> int:
+def first_answer_token(tokenizer: PreTrainedTokenizerBase, prompt: str, answer: str, *, task: str = "task") -> int:
     """The first token of ``answer`` as the model sees it right after ``prompt``."""
     p = tokenizer(prompt, add_special_tokens=False)["input_ids"]
     full = tokenizer(prompt + answer, add_special_tokens=False)["input_ids"]
@@ -103,7 +108,7 @@ def first_answer_token(tokenizer, prompt: str, answer: str, *, task: str = "task
 
 
 def build_prompts(
-    tokenizer,
+    tokenizer: PreTrainedTokenizerBase,
     queries: Sequence[Example],
     *,
     n_shots: int = 0,
@@ -147,7 +152,7 @@ def left_pad(
 
     With left padding the last prompt token of every row sits at position -1.
     """
-    width = max(len(t) for t in token_ids)
+    width = max(len(ids) for ids in token_ids)
     ids = torch.full((len(token_ids), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(token_ids), width), dtype=torch.long)
     for i, t in enumerate(token_ids):
@@ -157,13 +162,57 @@ def left_pad(
     return ids.to(device), mask.to(device)
 
 
-def pad_id(tokenizer) -> int:
+def pad_id(tokenizer: PreTrainedTokenizerBase) -> int:
     for tok_id in (tokenizer.pad_token_id, tokenizer.eos_token_id, 0):
         if tok_id is not None:
             return tok_id
     return 0
 
 
-def model_context(bridge) -> int | None:
-    """The model's context length, when the bridge config knows it."""
-    return getattr(bridge.cfg, "n_ctx", None)
+def zero_shot_batch(
+    bridge: TransformerBridge, task: Task, split: str, limit: int | None = None,
+    template: PromptTemplate = DEFAULT_TEMPLATE,
+) -> PromptBatch:
+    """Tokenized 0-shot prompts of one split (the first ``limit`` examples): what SITE trains,
+    validates and is evaluated on."""
+    examples = task.split(split)[:limit] if limit else task.split(split)
+    if not examples:
+        raise TaskError(f"{task.name}: the {split} split is empty")
+    return build_prompts(bridge.tokenizer, examples, template=template, max_length=model_context(bridge), task=task.name)
+
+
+def icl_prompt_batch(
+    tokenizer: PreTrainedTokenizerBase, task: Task, n_prompts: int, n_shots: int, seed: int, *, max_length: int | None = None,
+    template: PromptTemplate = DEFAULT_TEMPLATE,
+) -> PromptBatch:
+    """The M N-shot prompts of a task embedding: queries (with replacement when train is smaller
+    than M) and demonstrations from train, seeded."""
+    if not task.train:
+        raise TaskError(f"{task.name}: the train split is empty")
+    g = torch.Generator().manual_seed(seed)
+    replace = n_prompts > len(task.train)
+    order = (
+        torch.randint(len(task.train), (n_prompts,), generator=g)
+        if replace
+        else torch.randperm(len(task.train), generator=g)[:n_prompts]
+    )
+    queries = [task.train[i] for i in order.tolist()]
+    return build_prompts(
+        tokenizer, queries, n_shots=n_shots, demo_pool=task.train, seed=seed,
+        template=template, max_length=max_length, task=task.name,
+    )
+
+
+__all__ = [
+    "DEFAULT_TEMPLATE",
+    "PromptBatch",
+    "PromptTemplate",
+    "build_prompts",
+    "encode",
+    "first_answer_token",
+    "icl_prompt_batch",
+    "left_pad",
+    "pad_id",
+    "sample_demos",
+    "zero_shot_batch",
+]

@@ -5,13 +5,11 @@ import torch
 
 from site_interp.baselines import (
     FunctionVectorConfig,
-    HookMethod,
     LayerScan,
     TaskVectorConfig,
     average_indirect_effect,
     default_n_heads,
-    evaluate_function_vector,
-    evaluate_task_vector,
+    evaluate_steering,
     extract_task_vectors,
     fit_function_vector,
     fit_task_vector,
@@ -19,19 +17,16 @@ from site_interp.baselines import (
     post_attention_norm,
     function_vector_hooks,
     head_output_matrix,
-    make_resid_capture_hook,
-    resid_name,
     scan_layers,
-    score_rows,
     shuffled_label_prompts,
     task_vector_hooks,
-    task_vector_method,
     top_heads,
 )
 from site_interp.evaluation import EvalConfig, Method, evaluate
-from site_interp.hooks import capture_hooks, make_soft_injection_hook, stack_captured, z_name
+from site_interp.hooks import capture_hooks, make_capture_hook, make_soft_injection_hook, resid_name, stack_captured, z_name
+from site_interp.scoring import LastTokenScorer
 from site_interp.prompts import PromptTemplate, encode, left_pad
-from site_interp.selection import zero_shot_batch
+from site_interp.prompts import zero_shot_batch
 from site_interp.tasks import Task, TaskError
 
 from conftest import toy_task
@@ -295,7 +290,7 @@ def test_layer_scan_equals_each_layer_alone(fitted, kind):
     for k, layer in enumerate(res.layers):
         vec = fv.vector if kind == "fv" else tv.vectors[layer]
         hooks = function_vector_hooks(vec, layer) if kind == "fv" else task_vector_hooks(vec, layer)
-        alone = score_rows(bridge, valid, lambda idx, hooks=hooks: hooks, batch_size=4)
+        alone = LastTokenScorer(bridge, [valid], fast=False).score(hooks_for=lambda idx, hooks=hooks: hooks, chunk=4)
         assert float(alone.correct.float().mean()) == pytest.approx(float(res.valid_accuracy[k]))
         assert float(alone.prob.mean()) == pytest.approx(float(res.valid_target_prob[k]), abs=1e-6)
 
@@ -306,7 +301,7 @@ def test_layer_scan_finds_a_layer_that_answers(tiny_llama):
     valid = zero_shot_batch(tiny_llama, task, "valid", 6)
     store = {}
     ids, mask = left_pad(zero_shot_batch(tiny_llama, task, "train", 1).token_ids, 0)
-    tiny_llama.run_with_hooks(ids, attention_mask=mask, fwd_hooks=[(resid_name(0), make_resid_capture_hook(store, 0))])
+    tiny_llama.run_with_hooks(ids, attention_mask=mask, fwd_hooks=[(resid_name(0), make_capture_hook(store, 0))])
     # replace the last-layer input by a state read off a direction that favours one token
     target = int(valid.target_ids[0])
     w_u = tiny_llama.W_U[:, target].detach()
@@ -342,7 +337,7 @@ def test_shared_ranking_over_tasks(tiny_llama):
 
 
 def test_task_vector_is_mean_of_per_prompt_states(tiny):
-    from site_interp.embeddings import icl_prompt_batch
+    from site_interp.prompts import icl_prompt_batch
 
     task = toy_task()
     vectors = extract_task_vectors(tiny, task, TaskVectorConfig(n_prompts=5, n_shots=3, extract_batch_size=2))
@@ -350,7 +345,7 @@ def test_task_vector_is_mean_of_per_prompt_states(tiny):
     manual = torch.zeros_like(vectors)
     for ids in batch.token_ids:
         store = {}
-        hooks = [(resid_name(l), make_resid_capture_hook(store, l)) for l in range(tiny.cfg.n_layers)]
+        hooks = [(resid_name(l), make_capture_hook(store, l)) for l in range(tiny.cfg.n_layers)]
         tiny.run_with_hooks(torch.tensor([ids]), fwd_hooks=hooks)
         manual += torch.stack([store[l][0] for l in range(tiny.cfg.n_layers)]) / 5
     torch.testing.assert_close(vectors, manual, atol=1e-5, rtol=1e-4)
@@ -377,15 +372,15 @@ def test_clear_errors(tiny_llama):
 def test_evaluation_reuses_the_evaluate_loop(fitted):
     bridge, task, fv, tv = fitted
     cfg = EvalConfig(n_test=6, exact_match=False)
-    ev = evaluate_function_vector(bridge, task, fv, cfg)
+    ev = evaluate_steering(bridge, task, fv, cfg, name="FV")
     assert len(ev.records) == 6 and {r["method"] for r in ev.records} == {"FV"}
     assert 0.0 <= ev.accuracy("FV") <= 1.0
-    ev_tv = evaluate_task_vector(bridge, task, tv, EvalConfig(n_test=6, exact_match=True, max_new_tokens=3))
+    ev_tv = evaluate_steering(bridge, task, tv, EvalConfig(n_test=6, exact_match=True, max_new_tokens=3), name="TV")
     assert all(r["generation"] is not None for r in ev_tv.records)
     # the same hooks through `evaluate`, beside 0-shot: a zero FV changes nothing
-    zero = HookMethod("zero FV", fwd_hooks=tuple(function_vector_hooks(torch.zeros(bridge.cfg.d_model), 1)))
+    zero = Method("zero FV", fwd_hooks=tuple(function_vector_hooks(torch.zeros(bridge.cfg.d_model), 1)))
     for exact in (False, True):
-        both = evaluate(bridge, task, [Method("0-shot"), zero, task_vector_method(tv)],
+        both = evaluate(bridge, task, [Method("0-shot"), zero, tv.method("TV")],
                         EvalConfig(n_test=6, exact_match=exact, max_new_tokens=3), progress=False)
         df = both.to_dataframe()
         a, b = df[df.method == "0-shot"], df[df.method == "zero FV"]

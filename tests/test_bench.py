@@ -5,8 +5,9 @@ import json
 import pandas as pd
 import pytest
 
-from site_interp.bench import METHODS, main
-from site_interp.bench_report import build_tables, load_tables
+from site_interp.bench import main
+from site_interp.studies.comparison import METHODS
+from site_interp.studies.comparison_tables import build_tables, load_tables
 
 ARGS = ["--model", "tiny-llama", "--tasks", "capitalize", "next_item", "--n-prompts", "4", "--n-shots", "2",
         "--steps", "6", "--eval-every", "3", "--n-test", "5", "--no-exact-match", "--quiet",

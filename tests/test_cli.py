@@ -38,3 +38,23 @@ def test_bad_inputs_exit_2_with_message(tmp_path, capsys):
     assert "unknown model 'nope'" in capsys.readouterr().err
     assert main(["--model", "tiny-llama", "--tasks", "nope", "--out", str(tmp_path)]) == 2
     assert "unknown task 'nope'" in capsys.readouterr().err
+
+
+def test_user_errors_exit_2_but_bugs_keep_their_traceback(tmp_path, monkeypatch, capsys):
+    """Only a UserError (the user's own mistake) becomes one line and exit 2; anything else is a
+    bug and must surface with its traceback, even when it is a ValueError."""
+    import site_interp.run as command
+    from site_interp.errors import UserError
+
+    def user_mistake(*args, **kwargs):
+        raise UserError("tasks.json: fix this")
+
+    def bug(*args, **kwargs):
+        raise ValueError("an internal bug")
+
+    monkeypatch.setattr(command, "run_tasks", user_mistake)
+    assert main([*ARGS, "--out", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.strip() == "error: tasks.json: fix this"
+    monkeypatch.setattr(command, "run_tasks", bug)
+    with pytest.raises(ValueError, match="an internal bug"):
+        main([*ARGS, "--out", str(tmp_path)])

@@ -1,6 +1,7 @@
 import torch
 
-from site_interp.embeddings import EmbeddingConfig, compute_task_embedding, icl_prompt_batch
+from site_interp.embeddings import EmbeddingConfig, compute_task_embedding
+from site_interp.prompts import icl_prompt_batch
 from site_interp.hooks import z_name
 
 

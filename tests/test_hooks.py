@@ -75,7 +75,7 @@ def test_injection_hooks_cover_layers_with_tl_names():
 
 
 def test_hooks_change_model_output_only_at_alpha_nonzero(tiny):
-    from site_interp.forward import last_token_logits
+    from site_interp.scoring import last_token_logits
     from site_interp.prompts import encode
 
     L, H, D = tiny.cfg.n_layers, tiny.cfg.n_heads, tiny.cfg.d_head
@@ -90,7 +90,7 @@ def test_hooks_change_model_output_only_at_alpha_nonzero(tiny):
 
 
 def test_gradients_reach_logits_through_the_model(tiny):
-    from site_interp.forward import last_token_logits
+    from site_interp.scoring import last_token_logits
     from site_interp.prompts import encode
 
     L, H, D = tiny.cfg.n_layers, tiny.cfg.n_heads, tiny.cfg.d_head

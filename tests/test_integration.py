@@ -5,7 +5,7 @@ import torch
 
 from site_interp.embeddings import EmbeddingConfig, compute_task_embedding
 from site_interp.evaluation import EvalConfig, Method, evaluate, standard_methods
-from site_interp.selection import SiteConfig, train_site
+from site_interp.training import SiteConfig, train_site
 from site_interp.tasks import builtin_task
 
 pytestmark = pytest.mark.slow
@@ -26,7 +26,8 @@ def test_site_beats_zero_shot_on_held_out_queries(gemma, name):
 
 
 def test_padding_and_prefix_cache_exact_on_gemma(gemma):
-    from site_interp.forward import build_prefix_cache, last_token_logits
+    from site_interp.prefix_cache import build_prefix_cache
+    from site_interp.scoring import last_token_logits
     from site_interp.prompts import encode
 
     prompts = ["Q: France\nA:", "Q: a much longer question here\nA:", "Q: x\nA: y\n\nQ: z\nA:"]

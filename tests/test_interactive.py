@@ -1,4 +1,4 @@
-"""Tests for site_interp.interactive (plotly figures; nothing is shown or rendered)."""
+"""Tests for site_interp.plots.interactive (plotly figures; nothing is shown or rendered)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import plotly.graph_objects as go
 import pytest
 import torch
 
-from site_interp import interactive as I
+from site_interp.plots import interactive as I
+from site_interp.plots import style
 
 TASKS = ["antonym", "capitalize", "country_capital", "first_letter", "uppercase"]
 
@@ -116,3 +117,16 @@ def test_patching_traces_and_hover(summary):
 def test_patching_without_intervals(summary):
     fig = I.interactive_patching(summary.drop(columns=["lo", "hi"]), "capitalize")
     assert len(fig.data) == 5 and all(t.fill is None for t in fig.data)
+
+
+def test_patching_styles_come_from_style_module(summary):
+    refs = pd.DataFrame({"task": ["antonym", "capitalize", "capitalize"], "method": ["0-shot", "SITE", "0-shot"],
+                         "accuracy": [10.0, 70.0, 12.0]})
+    fig = I.interactive_patching(summary, "capitalize", references=refs)
+    lines = {t.name: t for t in fig.data if t.mode == "lines+markers"}
+    assert (lines["custom"].line.color, lines["custom"].line.dash) == (style.EXTRA_COLORS[0], "dashdot")
+    assert I.SELECTION_COLORS == {n: (s.color, style.PLOTLY_DASHES[s.dash]) for n, s in style.SELECTIONS.items()}
+    ref_colors = {t.name: t.line.color for t in fig.data if t.mode == "lines"}
+    assert ref_colors == {"0-shot": style.REFERENCE_COLORS[0], "SITE": style.REFERENCE_COLORS[1]}  # by method, all tasks
+    band = next(t for t in fig.data if t.fill == "toself")
+    assert band.fillcolor.endswith(f",{style.BAND_ALPHA})")

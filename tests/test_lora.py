@@ -56,16 +56,26 @@ def test_training_lowers_valid_loss_and_is_seeded(tiny_llama):
 
 
 def test_saved_state_reproduces_the_adapted_model(tiny_llama):
+    """The kept state, loaded again, is the trained model: it changes the outputs and gives back
+    the validation loss recorded for its step."""
+    from site_interp.prompts import zero_shot_batch
+    from site_interp.scoring import LastTokenScorer
+
     task = toy_task("lora_toy", n_train=40, n_valid=8)
-    res = train_lora(tiny_llama, task, LoraConfig(rank=2, steps=10, lr=1e-2, eval_every=5, n_valid=8), progress=False)
+    cfg = LoraConfig(rank=4, steps=30, batch_size=4, lr=1e-2, eval_every=10, n_valid=8)
+    res = train_lora(tiny_llama, task, cfg, progress=False)
+    assert res.best_step > 0  # training helped: the kept state is not the initial identity adapter
     ids, mask = _ids(tiny_llama, ["Q: abc\nA:"])
+    valid = LastTokenScorer(tiny_llama, [zero_shot_batch(tiny_llama, task, "valid", cfg.n_valid)], fast=False)
     with lora_adapter(tiny_llama, res.config, state=res.state):
         with torch.no_grad():
             one = tiny_llama(ids, attention_mask=mask)
         assert all(torch.equal(v, res.state[k]) for k, v in lora_state(tiny_llama).items())
+        assert float(valid.mean_losses()[0]) == pytest.approx(res.best_valid_loss, rel=1e-5)
     with torch.no_grad():
         base = tiny_llama(ids, attention_mask=mask)
-    assert res.best_step == 0 or not torch.allclose(one, base)
+    assert not torch.allclose(one, base)
+    assert float(valid.mean_losses()[0]) > res.best_valid_loss  # without the adapter: worse again
 
 
 def test_unknown_target_is_a_clear_error(tiny_llama):

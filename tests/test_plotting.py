@@ -1,8 +1,11 @@
-"""Tests for site_interp.plotting (static, paper-ready figures; Agg backend, no model)."""
+"""Tests for site_interp.plots.static and run_figures (paper-ready figures; Agg backend, no model)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import types
+from pathlib import Path
 
 import matplotlib
 
@@ -14,9 +17,14 @@ import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 from matplotlib.collections import PatchCollection  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+from safetensors.torch import save_file  # noqa: E402
 from scipy.cluster.hierarchy import leaves_list, linkage  # noqa: E402
 
-from site_interp import plotting as P  # noqa: E402
+from site_interp.plots import run_figures, style  # noqa: E402
+from site_interp.errors import UserError  # noqa: E402
+from site_interp.plots import interactive as I  # noqa: E402
+from site_interp.plots import static as P  # noqa: E402
 
 TASKS = ["antonym", "capitalize", "country_capital", "first_letter", "uppercase"]
 SELECTIONS = ["top", "bottom", "random", "ablate_top"]
@@ -292,3 +300,123 @@ def test_save_figure_accepts_grids_and_validates(tmp_path):
         P.save_figure(object(), tmp_path / "c")
     dotted = P.save_figure(plt.figure(), tmp_path / "fig_k1.5", formats=("pdf",))
     assert dotted == [tmp_path / "fig_k1.5.pdf"]
+
+
+def test_save_figure_writes_atomically(tmp_path, monkeypatch):
+    fig, _ = plt.subplots()
+    files = P.save_figure(fig, tmp_path / "ok", formats=("png", "pdf"), dpi=DPI)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ok.pdf", "ok.png"]  # no temporary file left
+    assert mpimg.imread(files[0]).ndim == 3 and files[1].read_bytes()[:5] == b"%PDF-"  # formats kept despite .tmp
+    good = files[0].read_bytes()
+
+    def killed(self, fname, *args, **kwargs):  # a save interrupted after some bytes
+        Path(fname).write_bytes(b"\x89PNG partial")
+        raise KeyboardInterrupt("killed mid-save")
+
+    monkeypatch.setattr(Figure, "savefig", killed)
+    with pytest.raises(KeyboardInterrupt):
+        P.save_figure(plt.figure(), tmp_path / "new", formats=("png",))
+    assert not (tmp_path / "new.png").exists()
+    with pytest.raises(KeyboardInterrupt):
+        P.save_figure(plt.figure(), tmp_path / "ok", formats=("png",))
+    assert (tmp_path / "ok.png").read_bytes() == good  # the earlier file is untouched
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ok.pdf", "ok.png"]
+
+
+# ------------------------------------------------------------------ shared style
+
+
+def test_static_and_interactive_share_selection_styles(summary):
+    fig = P.patching_curves(summary)
+    lines = {ln.get_label(): ln for ln in fig.axes[0].get_lines()}
+    traces = {t.name: t for t in I.interactive_patching(summary, TASKS[0]).data if t.mode == "lines+markers"}
+    assert set(style.SELECTIONS) <= set(lines) and set(style.SELECTIONS) <= set(traces)
+    for sel, st in style.SELECTIONS.items():
+        assert lines[sel].get_color() == traces[sel].line.color == st.color, sel
+        assert lines[sel].get_linestyle() == style.MPL_LINESTYLES[st.dash], sel
+        assert traces[sel].line.dash == style.PLOTLY_DASHES[st.dash], sel
+    # a selection outside the table gets the first palette colour, dash-dot, in both
+    assert lines["custom"].get_color() == traces["custom"].line.color == style.EXTRA_COLORS[0]
+    assert lines["custom"].get_linestyle() == "-." and traces["custom"].line.dash == "dashdot"
+    assert P.SELECTION_STYLES["random"]["linestyle"] == "--" and I.SELECTION_COLORS["random"] == ("#404040", "dash")
+
+
+def test_style_helpers():
+    styles = style.selection_styles(["x", "random", "y", "top", "x"])
+    assert list(styles) == ["top", "random", "x", "y"]  # known first, in table order, then by appearance
+    assert styles["y"] == style.SelectionStyle(style.EXTRA_COLORS[1], "dashdot", "diamond")
+    assert style.reference_colors(["b", "a", "b"]) == {"b": style.REFERENCE_COLORS[0], "a": style.REFERENCE_COLORS[1]}
+    assert [style.format_k(k) for k in (4.0, 1.5, 0)] == ["4", "1.5", "0"]
+    np.testing.assert_array_equal(style.to_numpy(torch.ones(2, 3, dtype=torch.bfloat16)), np.ones((2, 3)))
+    m = pd.DataFrame(np.arange(9.0).reshape(3, 3), index=list("abc"), columns=list("abc"))
+    r = style.reorder_tasks(m, ["c", "zzz", "a"])
+    assert list(r.index) == list(r.columns) == ["c", "a", "b"] and r.loc["c", "a"] == 6.0
+    assert style.reorder_tasks(m, None) is m
+
+
+def _loaded_after(statement: str) -> list[str]:
+    """Whether matplotlib and plotly are loaded after ``statement``, in a fresh interpreter."""
+    code = f"import sys; {statement}; print('matplotlib' in sys.modules, 'plotly' in sys.modules)"
+    root = Path(__file__).resolve().parents[1]
+    return subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True).stdout.split()
+
+
+def test_style_and_package_import_no_plotting_library():
+    assert _loaded_after("import site_interp.plots.style") == ["False", "False"]
+    assert _loaded_after("import site_interp.plots") == ["False", "False"]
+    # the package's re-exports load the static module on use, and still never plotly
+    assert _loaded_after("from site_interp.plots import alpha_heatmap") == ["True", "False"]
+
+
+# ------------------------------------------------------------------ run figures
+
+
+def _runs(tmp_path, names):
+    g = torch.Generator().manual_seed(0)
+    return [types.SimpleNamespace(task=types.SimpleNamespace(name=n), site=types.SimpleNamespace(alpha=torch.rand(4, 6, generator=g)),
+                                  directory=None if d is None else tmp_path / d) for n, d in names]
+
+
+def test_save_alpha_heatmaps(tmp_path, monkeypatch):
+    titles = []
+    real = P.save_figure
+
+    def spy(fig, path, formats=("png",), **kwargs):
+        titles.append(fig.axes[0].get_title())
+        return real(fig, path, formats, **kwargs)
+
+    monkeypatch.setattr(P, "save_figure", spy)
+    runs = _runs(tmp_path, [("a", "a"), ("skipped", None), ("b", "nested/b")])
+    files = run_figures.save_alpha_heatmaps(runs, "org/tiny-model")
+    assert files == [tmp_path / "a" / "alpha_heatmap.png", tmp_path / "nested" / "b" / "alpha_heatmap.png"]
+    for f in files:
+        assert mpimg.imread(f).ndim == 3
+    assert titles == ["a: alpha (org/tiny-model)", "b: alpha (org/tiny-model)"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "nested"]  # nothing for the run without a directory
+    assert run_figures.save_alpha_heatmaps([], "m") == []
+
+
+def test_make_figures_from_run_files(tmp_path, summary):
+    g = torch.Generator().manual_seed(0)
+    for task in TASKS[:2]:
+        (tmp_path / task).mkdir()
+        save_file({"alpha": torch.rand(4, 6, generator=g)}, str(tmp_path / task / "alphas.safetensors"))
+    assert list(run_figures.load_alphas(tmp_path)) == TASKS[:2]
+    (tmp_path / "study").mkdir()
+    summary.to_csv(tmp_path / "study" / "patching_summary.csv", index=False)
+    files = run_figures.make_figures(tmp_path, formats=("png", "svg"))
+    names = {f.name for f in files}
+    assert names == {f"{stem}.{ext}" for stem in ["alpha_antonym", "alpha_capitalize", "alpha_grid", "patching_curves"]
+                     for ext in ("png", "svg")}
+    assert all(f.parent == tmp_path / "figures" and f.stat().st_size > 0 for f in files)
+
+
+def test_make_figures_and_command_refuse_a_non_run_directory(tmp_path, capsys):
+    with pytest.raises(UserError, match="no \\*/alphas.safetensors"):
+        run_figures.make_figures(tmp_path)
+    from site_interp.figures import main
+
+    assert main([str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "alphas.safetensors" in err
+    assert not (tmp_path / "figures").exists()

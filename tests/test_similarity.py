@@ -1,4 +1,4 @@
-"""Known-answer tests for site_interp.similarity (pure numpy/torch, no model)."""
+"""Known-answer tests for site_interp.studies.similarity (pure numpy/torch, no model)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 import torch
 
-from site_interp.similarity import (
+from site_interp.studies.similarity import (
     bottom_k_mask,
     cluster_tasks,
     cosine,

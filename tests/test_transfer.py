@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from site_interp.evaluation import EvalConfig, Method, evaluate
-from site_interp.transfer import transfer_matrix
+from site_interp.studies.transfer import transfer_matrix
 
 from conftest import toy_task
 

@@ -7,15 +7,15 @@
    target stays its true answer), patch one head's ``z`` at the last token with ``t[l, h]`` and
    measure ``P(answer's first token)`` patched minus unpatched; average over prompts. Every
    (head, prompt) pair is one row of a batch, with a one-hot per-row alpha
-   (:func:`~site_interp.hooks.injection_hooks`), and only the last token runs (prefix cache).
+   (:func:`~site_interp.hooks.injection_hooks`), scored by a
+   :class:`~site_interp.scoring.LastTokenScorer` (only the last token runs: prefix cache).
 3. **The vector**: ``sum over the top-n heads of t[l, h] @ W_O[l, h]`` (``W_O[l, h]``: the
    ``[d_head, d_model]`` slice of the attention output projection; output biases are not part of
    one head's contribution): what those heads add to the residual stream. Where the attention
    output passes through a post-attention norm first (Gemma 2/3), each layer's part goes through
    that norm linearised at the layer's mean output (:func:`function_vector_from_heads`); the raw
-   projection would be off in scale by the norm's gain over the output's RMS. (On gemma-3-270m
-   function vectors still do not transfer the task: country-capital valid accuracy <= 6% for 4,
-   10, 20 or all 72 heads at the best layer, while task vectors reach 71%; see docs/results.md.)
+   projection would be off in scale by the norm's gain over the output's RMS (docs/results.md
+   has how function vectors fare on the embedded models).
 4. **Injection**: ``x <- x + fv`` at the last prompt token, at the input of block L
    (``blocks.L.hook_resid_pre``, = output of block L-1). L is picked on the valid split.
 """
@@ -24,51 +24,37 @@ from __future__ import annotations
 
 import random
 import time
-from dataclasses import asdict, dataclass, field
-from typing import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Sequence
 
 import pandas as pd
 import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from site_interp.baselines import HookMethod, evaluate_hooks, maybe_prefix, resid_hooks, scan_layers, score_rows
-from site_interp.embeddings import EmbeddingConfig, TaskEmbedding, compute_task_embedding
-from site_interp.evaluation import EvalConfig, TaskEvaluation
+from site_interp.baselines.steering import Mode, SteeringConfig, SteeringResult, resid_hooks, scan_layers
+from site_interp.embeddings import TaskEmbedding, compute_task_embedding
+from site_interp.errors import ConfigError
 from site_interp.hooks import Hooks, injection_hooks
-from site_interp.prompts import DEFAULT_TEMPLATE, PromptBatch, PromptTemplate, build_prompts, model_context
-from site_interp.selection import zero_shot_batch
-from site_interp.tasks import Example, Task, TaskError
+from site_interp.loading import model_context
+from site_interp.prompts import DEFAULT_TEMPLATE, PromptBatch, PromptTemplate, build_prompts, zero_shot_batch
+from site_interp.scoring import LastTokenScorer
+from site_interp.tasks.core import Example, Task, TaskError
+
+if TYPE_CHECKING:
+    from transformer_lens.model_bridge import TransformerBridge
+    from transformers import PreTrainedTokenizerBase
 
 
 @dataclass(frozen=True)
-class FunctionVectorConfig:
-    """How a function vector is built and its layer chosen."""
+class FunctionVectorConfig(SteeringConfig):
+    """How a function vector is built and its layer chosen (the shared fields: the ICL prompts of
+    the mean head outputs and the layer scan, see :class:`~site_interp.baselines.steering.SteeringConfig`)."""
 
-    n_prompts: int = 50
-    """ICL prompts averaged for the mean head outputs (as SITE's ``EmbeddingConfig``)."""
-    n_shots: int = 10
-    """Demonstrations per prompt, for the mean outputs and the shuffled-label prompts."""
     n_aie_prompts: int = 25
-    """Shuffled-label prompts the indirect effect is averaged over (per task)."""
+    """Shuffled-label prompts the indirect effect is averaged over (per task); they use ``n_shots``."""
     n_heads: int | None = None
     """Heads summed into the vector; None: :func:`default_n_heads`."""
-    layers: tuple[int, ...] | None = None
-    """Candidate injection layers (input of block L); None: every layer."""
-    n_valid: int | None = 100
-    """Valid queries for the layer choice (the first ones); None: all."""
-    batch_size: int = 64
-    """Rows per forward when scoring (each runs its last token only when cached)."""
-    seed: int = 0
-    """Seeds the ICL prompts (mean outputs) and the shuffled-label prompts."""
-    fast: bool = True
-    """Reuse prompt prefixes (last token only per row); False runs full prompts."""
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    def embedding_config(self) -> EmbeddingConfig:
-        return EmbeddingConfig(n_prompts=self.n_prompts, n_shots=self.n_shots, seed=self.seed)
 
 
 def default_n_heads(n_layers: int, n_heads: int) -> int:
@@ -91,7 +77,7 @@ def _derangement(n: int, rng: random.Random) -> list[int]:
 
 
 def shuffled_label_prompts(
-    tokenizer,
+    tokenizer: PreTrainedTokenizerBase,
     task: Task,
     n_prompts: int,
     n_shots: int,
@@ -105,7 +91,7 @@ def shuffled_label_prompts(
     The target of each prompt is its query's true answer (first token, in context).
     """
     if n_shots < 2:
-        raise ValueError(f"{task.name}: shuffling demo labels needs at least 2 shots, got {n_shots}")
+        raise ConfigError(f"{task.name}: shuffling demo labels needs at least 2 shots, got {n_shots}")
     if not task.train:
         raise TaskError(f"{task.name}: the train split is empty")
     rng = random.Random(seed)
@@ -122,7 +108,7 @@ def shuffled_label_prompts(
     )
 
 
-def _check_t(bridge, t: Tensor, what: str) -> None:
+def _check_t(bridge: TransformerBridge, t: Tensor, what: str) -> None:
     shape = (bridge.cfg.n_layers, bridge.cfg.n_heads, bridge.cfg.d_head)
     if tuple(t.shape[-3:]) != shape or t.dim() not in (3, 4):
         raise ValueError(f"{what} has shape {tuple(t.shape)}; this model needs [..., {shape[0]}, {shape[1]}, {shape[2]}]")
@@ -130,7 +116,7 @@ def _check_t(bridge, t: Tensor, what: str) -> None:
 
 @torch.no_grad()
 def average_indirect_effect(
-    bridge,
+    bridge: TransformerBridge,
     task: Task,
     t: Float[Tensor, "layer head d_head"] | Float[Tensor, "prompt layer head d_head"],
     config: FunctionVectorConfig = FunctionVectorConfig(),
@@ -155,8 +141,8 @@ def average_indirect_effect(
     if t.dim() == 4 and t.shape[0] != n_prompts:
         raise ValueError(f"per-prompt t has {t.shape[0]} prompts, the prompts are {n_prompts}")
     total = n_layers * n_heads
-    prefix = maybe_prefix(bridge, prompts, config.fast)
-    base = score_rows(bridge, prompts, rows=torch.arange(n_prompts), batch_size=config.batch_size, prefix=prefix).prob
+    scorer = LastTokenScorer(bridge, [prompts], fast=config.fast)
+    base = scorer.score(chunk=config.batch_size).prob
     # head-major rows: a chunk spans few heads (hence few layers to hook)
     rows = torch.arange(n_prompts).repeat(total)
     head_of = torch.arange(total).repeat_interleave(n_prompts)
@@ -169,8 +155,8 @@ def average_indirect_effect(
         layers = sorted(set((heads // n_heads).tolist()))
         return injection_hooks(alpha.view(len(idx), n_layers, n_heads), tt, layers=layers)
 
-    patched = score_rows(bridge, prompts, hooks_for, rows=rows, batch_size=config.batch_size, prefix=prefix,
-                         progress=progress, desc=f"AIE {task.name}").prob
+    patched = scorer.score(rows, hooks_for=hooks_for, chunk=config.batch_size, progress=progress,
+                           desc=f"AIE {task.name}").prob
     return (patched - base[rows]).view(total, n_prompts).mean(1).view(n_layers, n_heads)
 
 
@@ -180,7 +166,7 @@ def top_heads(aie: Float[Tensor, "layer head"], n: int) -> list[tuple[int, int]]
     return [divmod(int(i), aie.shape[1]) for i in order]
 
 
-def head_output_matrix(bridge, layer: int) -> Float[Tensor, "head d_head d_model"]:
+def head_output_matrix(bridge: TransformerBridge, layer: int) -> Float[Tensor, "head d_head d_model"]:
     """``W_O`` of one layer split per head (float32, CPU): head h's output is ``z[h] @ W_O[h]``."""
     attn = bridge.blocks[layer].attn
     cfg = bridge.cfg
@@ -195,7 +181,7 @@ def head_output_matrix(bridge, layer: int) -> Float[Tensor, "head d_head d_model
     return w.reshape(cfg.n_heads, cfg.d_head, cfg.d_model)
 
 
-def post_attention_norm(bridge, layer: int):
+def post_attention_norm(bridge: TransformerBridge, layer: int):
     """Block ``layer``'s norm between the attention output and the residual stream, or None.
 
     Read from the bridge's block structure (Gemma 2/3 have ``ln1_post``; Llama, Mistral and
@@ -210,7 +196,7 @@ def _rms(x: Tensor) -> Tensor:
 
 @torch.no_grad()
 def function_vector_from_heads(
-    bridge, t: Float[Tensor, "layer head d_head"], heads: Sequence[tuple[int, int]]
+    bridge: TransformerBridge, t: Float[Tensor, "layer head d_head"], heads: Sequence[tuple[int, int]]
 ) -> Float[Tensor, " d_model"]:
     """What the ``heads`` add to the residual stream with their mean outputs ``t`` (float32, CPU).
 
@@ -243,12 +229,10 @@ def function_vector_hooks(vector: Float[Tensor, " d_model"], layer: int, positio
     return resid_hooks(vector, layer, "add", positions)
 
 
-@dataclass
-class FunctionVectorResult:
-    """A task's function vector and how it was made."""
+@dataclass(kw_only=True)
+class FunctionVectorResult(SteeringResult):
+    """A task's function vector (``vector``, added at ``layer``) and how it was made."""
 
-    task: str
-    """Task name."""
     aie: Float[Tensor, "layer head"]
     """Average indirect effect of each head (probability increase of the first answer token)."""
     aie_tasks: list[str]
@@ -256,27 +240,10 @@ class FunctionVectorResult:
     ``["<given>"]`` when the caller passed ``aie``)."""
     top_heads: list[tuple[int, int]]
     """(layer, head) of the heads summed, highest AIE first."""
-    vector: Float[Tensor, " d_model"]
-    """The function vector (float32, CPU)."""
-    layer: int
-    """Chosen injection layer: the vector is added at the input of this block."""
-    layers: list[int]
-    """Candidate layers scanned on the valid split."""
-    valid_accuracy: Float[Tensor, " candidate"]
-    """Valid first-token accuracy (fraction) per candidate layer."""
-    valid_target_prob: Float[Tensor, " candidate"]
-    """Mean valid probability of the first answer token per candidate (breaks accuracy ties)."""
+    mode: Mode = "add"
+    """Function vectors are added to the residual stream."""
     config: FunctionVectorConfig = field(default_factory=FunctionVectorConfig)
     """The settings used."""
-    seconds: float = 0.0
-    """Wall time (mean outputs, AIE, layer scan)."""
-
-    def to_dataframe(self) -> pd.DataFrame:
-        """One row per candidate layer: valid accuracy, target probability, chosen."""
-        return pd.DataFrame({
-            "task": self.task, "layer": self.layers, "valid_accuracy": self.valid_accuracy.tolist(),
-            "valid_target_prob": self.valid_target_prob.tolist(), "chosen": [x == self.layer for x in self.layers],
-        })
 
     def heads_dataframe(self) -> pd.DataFrame:
         """One row per head: layer, head, AIE, rank (1 = highest), selected."""
@@ -293,7 +260,7 @@ class FunctionVectorResult:
 
 
 def fit_function_vector(
-    bridge,
+    bridge: TransformerBridge,
     task: Task,
     config: FunctionVectorConfig = FunctionVectorConfig(),
     *,
@@ -330,10 +297,10 @@ def fit_function_vector(
         aie, names = torch.stack(effects).mean(0), [o.name for o in others]
     n = config.n_heads if config.n_heads is not None else default_n_heads(n_layers, n_heads)
     if not 1 <= n <= n_layers * n_heads:
-        raise ValueError(f"n_heads must be between 1 and {n_layers * n_heads}, got {n}")
+        raise ConfigError(f"n_heads (--fv-heads) must be between 1 and {n_layers * n_heads}, got {n}")
     heads = top_heads(aie, n)
     vector = function_vector_from_heads(bridge, t, heads)
-    layers = list(config.layers) if config.layers is not None else list(range(n_layers))
+    layers = config.candidate_layers(n_layers)
     valid = zero_shot_batch(bridge, task, "valid", config.n_valid, template=template)
     scan = scan_layers(bridge, valid, vector.expand(len(layers), -1), layers, "add",
                        batch_size=config.batch_size, fast=config.fast, progress=progress)
@@ -344,36 +311,14 @@ def fit_function_vector(
     )
 
 
-def function_vector_method(result: FunctionVectorResult, name: str = "FV") -> HookMethod:
-    """0-shot + the function vector at its chosen layer, for :func:`~site_interp.evaluation.evaluate`."""
-    return HookMethod(name, fwd_hooks=tuple(function_vector_hooks(result.vector, result.layer)))
-
-
-def evaluate_function_vector(
-    bridge,
-    task: Task,
-    result: FunctionVectorResult,
-    config: EvalConfig = EvalConfig(),
-    *,
-    name: str = "FV",
-    template: PromptTemplate = DEFAULT_TEMPLATE,
-    progress: bool = False,
-) -> TaskEvaluation:
-    """Test-split evaluation of 0-shot + FV (records per query; ``.accuracy(name)``)."""
-    hooks = function_vector_hooks(result.vector, result.layer)
-    return evaluate_hooks(bridge, task, name, hooks, config, template=template, progress=progress)
-
-
 __all__ = [
     "FunctionVectorConfig",
     "FunctionVectorResult",
     "average_indirect_effect",
     "default_n_heads",
-    "evaluate_function_vector",
     "fit_function_vector",
     "function_vector_from_heads",
     "function_vector_hooks",
-    "function_vector_method",
     "head_output_matrix",
     "post_attention_norm",
     "shuffled_label_prompts",

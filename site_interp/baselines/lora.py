@@ -1,11 +1,12 @@
 """LoRA baseline (with ``peft``): low-rank updates of the attention projections, trained on SITE's data.
 
-Same 0-shot prompts, same first-answer-token cross-entropy, same validation-based choice of the
-best checkpoint as SITE (:mod:`site_interp.selection`); only what is trained differs:
+Same 0-shot prompts, same first-answer-token cross-entropy, same training loop with its
+validation-based choice of the best checkpoint as SITE (:func:`site_interp.trainer.train_keep_best`);
+only what is trained differs:
 
 * SITE: one scalar per head (``n_layers * n_heads``: 72 on gemma-3-270m);
 * LoRA: rank-``r`` updates ``W + (alpha / r) B A`` of the query and value projections of every
-  layer (``r * (d_in + d_out)`` per matrix: 208,896 on gemma-3-270m at r = 8).
+  layer (``r * (d_in + d_out)`` per matrix; :func:`count_lora_params` counts them for a model).
 
 The adapters are injected into the bridge's own ``attn.q`` / ``attn.v`` components (their wrapped
 ``nn.Linear``), found through the bridge's block structure, so every architecture the bridge
@@ -19,21 +20,21 @@ position, so there is no prefix to reuse).
 
 from __future__ import annotations
 
-import math
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from typing import Iterator, Sequence
+from typing import TYPE_CHECKING, Iterator, Sequence
 
-import pandas as pd
 import torch
 from torch import Tensor
-from tqdm.auto import tqdm
 
-from site_interp.pool import PromptPool
-from site_interp.prompts import DEFAULT_TEMPLATE, PromptTemplate
-from site_interp.selection import _order, zero_shot_batch
-from site_interp.tasks import Task
+from site_interp.prompts import DEFAULT_TEMPLATE, PromptTemplate, zero_shot_batch
+from site_interp.scoring import LastTokenScorer
+from site_interp.tasks.core import Task
+from site_interp.trainer import FitResult, step_schedule, train_keep_best
+
+if TYPE_CHECKING:
+    from transformer_lens.model_bridge import TransformerBridge
 
 
 @dataclass(frozen=True)
@@ -63,32 +64,20 @@ class LoraConfig:
         return asdict(self)
 
 
-@dataclass
-class LoraResult:
-    """A trained adapter and how training went."""
+@dataclass(kw_only=True)
+class LoraResult(FitResult):
+    """A trained adapter and how training went (``best_step`` 0: the initial adapter, B = 0, i.e.
+    the unchanged model)."""
 
-    task: str
-    """Task name."""
     state: dict[str, Tensor]
     """The best adapter weights (``lora_A`` / ``lora_B`` per target, float32, CPU)."""
     n_params: int
     """Trainable parameters."""
-    best_step: int
-    """Step of the kept weights (0: the initial adapter, B = 0, i.e. the unchanged model)."""
-    best_valid_loss: float
-    """Their validation loss."""
-    history: list[dict] = field(default_factory=list)
-    """One row per step: ``step``, ``train_loss``, and ``valid_loss`` where validated."""
-    seconds: float = 0.0
-    """Training wall time."""
     config: LoraConfig = field(default_factory=LoraConfig)
     """The settings used."""
 
-    def to_dataframe(self) -> pd.DataFrame:
-        return pd.DataFrame(self.history)
 
-
-def _target_names(bridge, targets: Sequence[str]) -> list[str]:
+def _target_names(bridge: TransformerBridge, targets: Sequence[str]) -> list[str]:
     """Full module names of the ``nn.Linear`` inside each block's ``attn.<target>`` component."""
     names = {id(m): n for n, m in bridge.named_modules()}
     out = []
@@ -105,7 +94,7 @@ def _target_names(bridge, targets: Sequence[str]) -> list[str]:
 
 
 @contextmanager
-def lora_adapter(bridge, config: LoraConfig = LoraConfig(), state: dict[str, Tensor] | None = None) -> Iterator[list[Tensor]]:
+def lora_adapter(bridge: TransformerBridge, config: LoraConfig = LoraConfig(), state: dict[str, Tensor] | None = None) -> Iterator[list[Tensor]]:
     """Inject fresh LoRA adapters (or ``state``), yield their parameters, remove them on exit."""
     try:
         from peft import LoraConfig as PeftLoraConfig
@@ -137,12 +126,12 @@ def lora_adapter(bridge, config: LoraConfig = LoraConfig(), state: dict[str, Ten
             del bridge.peft_config
 
 
-def lora_state(bridge) -> dict[str, Tensor]:
+def lora_state(bridge: TransformerBridge) -> dict[str, Tensor]:
     """The current adapter weights (float32 copies on CPU)."""
     return {n: p.detach().float().cpu().clone() for n, p in bridge.named_parameters() if "lora_" in n}
 
 
-def load_lora_state(bridge, state: dict[str, Tensor]) -> None:
+def load_lora_state(bridge: TransformerBridge, state: dict[str, Tensor]) -> None:
     params = {n: p for n, p in bridge.named_parameters() if "lora_" in n}
     if set(params) != set(state):
         raise ValueError("the LoRA state does not match this model's adapters (another model or other targets)")
@@ -151,7 +140,7 @@ def load_lora_state(bridge, state: dict[str, Tensor]) -> None:
             p.copy_(state[n].to(p.device, p.dtype))
 
 
-def count_lora_params(bridge, config: LoraConfig = LoraConfig()) -> int:
+def count_lora_params(bridge: TransformerBridge, config: LoraConfig = LoraConfig()) -> int:
     """Trainable parameters of ``config``'s adapters on this model (without building them)."""
     total = 0
     for layer, block in enumerate(bridge.blocks):
@@ -161,55 +150,31 @@ def count_lora_params(bridge, config: LoraConfig = LoraConfig()) -> int:
     return total
 
 
-@torch.no_grad()
-def _valid_loss(pool: PromptPool, chunk: int = 64) -> float:
-    total = 0.0
-    for start in range(0, len(pool), chunk):
-        rows = torch.arange(start, min(start + chunk, len(pool)))
-        total += float(pool.losses(rows).sum())
-    return total / len(pool)
-
-
 def train_lora(
-    bridge,
+    bridge: TransformerBridge,
     task: Task,
     config: LoraConfig = LoraConfig(),
     *,
     template: PromptTemplate = DEFAULT_TEMPLATE,
     progress: bool = True,
 ) -> LoraResult:
-    """Train a LoRA adapter on ``task``'s 0-shot train prompts; keep the best on valid."""
+    """Train a LoRA adapter on ``task``'s 0-shot train prompts; keep the best on valid (the
+    initial adapter, i.e. the unchanged model, is validated too)."""
     t0 = time.perf_counter()
-    order = _order(len(task.train), config.steps, config.batch_size, config.seed)
-    train = PromptPool(bridge, [zero_shot_batch(bridge, task, "train", template=template)], fast=False)
-    valid = PromptPool(bridge, [zero_shot_batch(bridge, task, "valid", config.n_valid, template=template)], fast=False)
+    order = step_schedule(len(task.train), config.steps, config.batch_size, config.seed)
+    train = LastTokenScorer(bridge, [zero_shot_batch(bridge, task, "train", template=template)], fast=False)
+    valid = LastTokenScorer(bridge, [zero_shot_batch(bridge, task, "valid", config.n_valid, template=template)],
+                            fast=False)
     with lora_adapter(bridge, config) as params:
-        n_params = sum(p.numel() for p in params)
-        opt = torch.optim.Adam(params, lr=config.lr)
-        best = (_valid_loss(valid), 0, lora_state(bridge))
-        history: list[dict] = [{"step": 0, "valid_loss": best[0]}]
-        bar = tqdm(range(1, config.steps + 1), desc=f"LoRA {task.name}"[:40], disable=not progress, leave=False)
-        with torch.enable_grad():
-            for step in bar:
-                loss = train.losses(torch.tensor(order[step - 1])).mean()
-                if not torch.isfinite(loss):
-                    raise FloatingPointError(
-                        f"{task.name}: the LoRA loss became {loss.item()} at step {step}; lower --lora-lr (now {config.lr})"
-                    )
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
-                row = {"step": step, "train_loss": float(loss.detach())}
-                if step % config.eval_every == 0 or step == config.steps:
-                    row["valid_loss"] = _valid_loss(valid)
-                    if row["valid_loss"] < best[0]:
-                        best = (row["valid_loss"], step, lora_state(bridge))
-                    bar.set_postfix(valid=f"{row['valid_loss']:.3f}")
-                history.append(row)
-    if not math.isfinite(best[0]):
-        raise FloatingPointError(f"{task.name}: the LoRA validation loss is {best[0]}")
-    return LoraResult(task=task.name, state=best[2], n_params=n_params, best_step=best[1], best_valid_loss=best[0],
-                      history=history, seconds=time.perf_counter() - t0, config=config)
+        best, histories = train_keep_best(
+            params, lambda step: train.losses(torch.tensor(order[step - 1])).mean()[None], valid.mean_losses,
+            lambda k: lora_state(bridge), names=[task.name], steps=config.steps, lr=config.lr,
+            eval_every=config.eval_every, validate_first=True, what="the LoRA loss", desc="LoRA",
+            hint=f"lower --lora-lr (now {config.lr})", progress=progress,
+        )
+    return LoraResult(task=task.name, state=best[0].state, n_params=sum(p.numel() for p in params),
+                      best_step=best[0].step, best_valid_loss=best[0].loss, history=histories[0],
+                      seconds=time.perf_counter() - t0, config=config)
 
 
 __all__ = ["LoraConfig", "LoraResult", "count_lora_params", "load_lora_state", "lora_adapter", "lora_state", "train_lora"]

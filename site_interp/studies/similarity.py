@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 import warnings
 from collections.abc import Mapping, Sequence
+from typing import Literal
 
 import numpy as np
 import pandas as pd
@@ -24,14 +25,19 @@ from scipy.cluster.hierarchy import leaves_list, linkage
 from scipy.spatial.distance import squareform
 from torch import Tensor
 
+from site_interp.errors import ConfigError
+
 Alpha = Float[Tensor, "layer head"] | Float[np.ndarray, "layer head"]
 Mask = Bool[np.ndarray, "layer head"]
 
-METRICS = ("jaccard", "cosine", "spearman")
+SimilarityMetric = Literal["jaccard", "cosine", "spearman"]
+"""Jaccard of head sets (top-k or alpha above a threshold), or cosine / Spearman of the raw alphas."""
+METRICS: tuple[SimilarityMetric, ...] = ("jaccard", "cosine", "spearman")
 MAX_DISTANCE = 2.0
 
 __all__ = [
     "METRICS",
+    "SimilarityMetric",
     "bottom_k_mask",
     "cluster_tasks",
     "cosine",
@@ -66,9 +72,9 @@ def _np(alpha: Alpha) -> np.ndarray:
 
 def _check_k(k: int, n: int) -> int:
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
-        raise ValueError(f"k must be an integer in 0..{n} (the number of heads), got {k!r}")
+        raise ConfigError(f"k must be an integer in 0..{n} (the number of heads), got {k!r}")
     if not 0 <= k <= n:
-        raise ValueError(f"k must be in 0..{n} (the number of heads), got {k}")
+        raise ConfigError(f"k must be in 0..{n} (the number of heads), got {k}")
     return int(k)
 
 
@@ -179,7 +185,7 @@ def spearman(alpha_a: Alpha, alpha_b: Alpha) -> float:
 
 def similarity_matrix(
     alphas: Mapping[str, Alpha],
-    metric: str = "jaccard",
+    metric: SimilarityMetric = "jaccard",
     k: int | None = None,
     threshold: float | None = None,
 ) -> pd.DataFrame:
@@ -394,13 +400,3 @@ def similarity_vs_transfer(
         lo, hi = np.quantile(boots, [0.025, 0.975])
         out["pearson_ci"] = (float(lo), float(hi))
     return out
-
-
-def reorder_tasks(m: pd.DataFrame, order: Sequence[str] | None) -> pd.DataFrame:
-    """Rows and columns of ``m`` in ``order`` first (names not in ``m`` skipped), the rest after."""
-    if order is None:
-        return m
-    seen = set(order)
-    rows = [o for o in order if o in m.index] + [r for r in m.index if r not in seen]
-    cols = [o for o in order if o in m.columns] + [c for c in m.columns if c not in seen]
-    return m.loc[rows, cols]

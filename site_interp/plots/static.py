@@ -6,6 +6,8 @@ layout through ``width`` (``"one"``, ``"two"`` or inches), and returns the Figur
 (:func:`similarity_clustermap` returns seaborn's ClusterGrid). Nothing is ever shown, and
 returned Figures are already closed in pyplot (a notebook shows the returned figure once;
 ``display(fig)`` or :func:`save_figure` work as usual); :func:`save_figure` writes png/pdf/svg.
+Selection colours, palettes and task orderings come from :mod:`site_interp.plots.style`,
+shared with the plotly figures of :mod:`site_interp.plots.interactive`.
 """
 
 from __future__ import annotations
@@ -35,7 +37,22 @@ from matplotlib.ticker import NullLocator  # noqa: E402
 from scipy.cluster import hierarchy  # noqa: E402
 from torch import Tensor  # noqa: E402
 
-from site_interp.similarity import reorder_tasks  # noqa: E402
+from site_interp.artifacts import write_atomic  # noqa: E402
+from site_interp.plots.style import EXTRA_COLORS as EXTRA_COLORS  # noqa: E402  (re-exported)
+from site_interp.plots.style import REFERENCE_COLORS as REFERENCE_COLORS  # noqa: E402  (re-exported)
+from site_interp.plots.style import (  # noqa: E402
+    BAND_ALPHA,
+    MPL_LINESTYLES,
+    MPL_MARKERS,
+    SELECTIONS,
+    SelectionStyle,
+    reference_colors,
+    reorder_tasks,
+    selection_styles,
+)
+from site_interp.plots.style import format_k as _fmt_k  # noqa: E402
+from site_interp.plots.style import require_columns as _require  # noqa: E402
+from site_interp.plots.style import to_numpy as _np  # noqa: E402
 
 FORMATS = ("png", "pdf", "svg")
 Width = Literal["one", "two"] | float
@@ -49,15 +66,15 @@ PAPER_RC: dict[str, Any] = {
     "legend.frameon": False, "figure.dpi": 100,
 }
 """rcParams applied by :func:`paper_style` to every figure of this module."""
-SELECTION_STYLES: dict[str, dict[str, Any]] = {
-    "top": {"color": "#08519c", "linestyle": "-", "marker": "o"},
-    "bottom": {"color": "#8fa3bf", "linestyle": "-", "marker": "s"},
-    "random": {"color": "#404040", "linestyle": "--", "marker": "^"},
-    "ablate_top": {"color": "#d62728", "linestyle": ":", "marker": "v"},
-}
-"""Line styles of the known head selections (same colours in every panel and figure)."""
-EXTRA_COLORS = ("#1b9e77", "#7570b3", "#e7298a", "#66a61e", "#e6ab02", "#a6761d")
-REFERENCE_COLORS = ("#7f7f7f", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b")
+
+
+def _mpl_style(style: SelectionStyle) -> dict[str, Any]:
+    """matplotlib ``plot`` keywords of a selection style."""
+    return {"color": style.color, "linestyle": MPL_LINESTYLES[style.dash], "marker": MPL_MARKERS[style.marker]}
+
+
+SELECTION_STYLES: dict[str, dict[str, Any]] = {name: _mpl_style(s) for name, s in SELECTIONS.items()}
+"""matplotlib line styles of the known head selections (from :data:`style.SELECTIONS`)."""
 MARK_COLOR = "black"
 
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -98,31 +115,6 @@ def _styled(func: _F) -> _F:
         return out
 
     return cast(_F, wrapper)
-
-
-def _np(x: Any) -> np.ndarray:
-    return x.detach().cpu().float().numpy() if isinstance(x, Tensor) else np.asarray(x, dtype=float)
-
-
-def _require(df: pd.DataFrame, columns: Sequence[str], what: str) -> None:
-    missing = [c for c in columns if c not in df.columns]
-    if missing:
-        raise ValueError(f"{what} lacks columns {missing}; has {list(df.columns)}")
-
-
-def _fmt_k(k: float) -> str:
-    return str(int(k)) if float(k).is_integer() else f"{k:g}"
-
-
-def _selection_styles(values: pd.Series) -> dict[str, dict[str, Any]]:
-    """Style per selection, known ones first (:data:`SELECTION_STYLES`), then the others in
-    order of appearance, each with a palette colour, dash-dot."""
-    seen = list(dict.fromkeys(values))
-    extra = [s for s in seen if s not in SELECTION_STYLES]
-    out = {s: SELECTION_STYLES[s] for s in SELECTION_STYLES if s in seen}
-    for i, sel in enumerate(extra):
-        out[sel] = {"color": EXTRA_COLORS[i % len(EXTRA_COLORS)], "linestyle": "-.", "marker": "D"}
-    return out
 
 
 @_styled
@@ -229,13 +221,12 @@ def patching_curves(
     tasks = list(dict.fromkeys(summary["task"]))
     if not tasks:
         raise ValueError("summary is empty")
-    styles = _selection_styles(summary["selection"])
+    styles = {sel: _mpl_style(st) for sel, st in selection_styles(summary["selection"]).items()}
     refs = references if references is not None and len(references) else None
     ref_styles: dict[Any, dict[str, Any]] = {}
     if refs is not None:
         _require(refs, ("task", "method", "accuracy"), "references")
-        for i, m in enumerate(dict.fromkeys(refs["method"])):
-            ref_styles[m] = {"color": REFERENCE_COLORS[i % len(REFERENCE_COLORS)], "linewidth": 0.9}
+        ref_styles = {m: {"color": c, "linewidth": 0.9} for m, c in reference_colors(refs["method"]).items()}
     has_band = {"lo", "hi"} <= set(summary.columns)
     ncols = max(1, min(ncols, len(tasks)))
     nrows = -(-len(tasks) // ncols)
@@ -259,7 +250,7 @@ def patching_curves(
                 lo, hi = s["lo"].to_numpy(float), s["hi"].to_numpy(float)
                 ok = np.isfinite(lo) & np.isfinite(hi)
                 if ok.any():
-                    band = ax.fill_between(x[ok], lo[ok], hi[ok], color=style["color"], alpha=0.18, linewidth=0)
+                    band = ax.fill_between(x[ok], lo[ok], hi[ok], color=style["color"], alpha=BAND_ALPHA, linewidth=0)
                     handle = (band, line)
             handles.setdefault(str(sel), handle)
         if refs is not None:
@@ -457,7 +448,9 @@ def save_figure(fig: Any, path: str | Path, formats: Sequence[str] = ("png",), d
     ``path`` plus each suffix in ``formats`` (png, pdf, svg); close it; return the files.
 
     A suffix already on ``path`` that is one of the formats is replaced, not doubled. PDF
-    text is embedded as TrueType and SVG text stays text, so both remain editable.
+    text is embedded as TrueType and SVG text stays text, so both remain editable. Each file
+    is written to a temporary file beside it and renamed into place
+    (:func:`site_interp.artifacts.write_atomic`), so an interrupted save leaves no partial file.
     """
     figure = _as_figure(fig)
     bad = [f for f in formats if f not in FORMATS]
@@ -466,12 +459,12 @@ def save_figure(fig: Any, path: str | Path, formats: Sequence[str] = ("png",), d
     path = Path(path)
     if path.suffix.lstrip(".") in FORMATS:
         path = path.with_suffix("")
-    path.parent.mkdir(parents=True, exist_ok=True)
     out = []
     with plt.rc_context({"pdf.fonttype": 42, "svg.fonttype": "none"}):
         for fmt in formats:
             target = path.parent / f"{path.name}.{fmt}"
-            figure.savefig(target, dpi=dpi, bbox_inches="tight")
+            # The temporary name ends in .tmp, so the format is given explicitly.
+            write_atomic(target, functools.partial(figure.savefig, format=fmt, dpi=dpi, bbox_inches="tight"))
             out.append(target)
     plt.close(figure)
     return out

@@ -8,8 +8,8 @@ import types
 
 import pytest
 
-from site_interp import hf_tasks
-from site_interp.hf_tasks import BBH_SUBTASKS, bbh_target, hf_task_specs, is_hf_spec, load_hf_task
+from site_interp.tasks import hub as hf_tasks
+from site_interp.tasks.hub import BBH_SUBTASKS, bbh_target, hf_task_specs, is_hf_spec, load_hf_task
 from site_interp.tasks import TaskError
 
 
@@ -234,7 +234,7 @@ def test_tasks_build_prompts_with_tiny_tokenizer():
 
 
 def test_resolve_tasks_accepts_hf_specs_and_explains_offline(monkeypatch):
-    from site_interp import hf_tasks
+    from site_interp.tasks import hub as hf_tasks
     from site_interp.tasks import resolve_tasks
 
     def offline(dataset_id, config, split):

@@ -1,4 +1,5 @@
-"""Tables of :mod:`site_interp.bench`: per task, per method, with bootstrap intervals and costs.
+"""Tables of the method comparison (:mod:`site_interp.studies.comparison`): per task, per method,
+with bootstrap intervals and costs.
 
 * **per task**: accuracy (%) of every method on every task (averaged over seeds), with a 95%
   bootstrap interval over that task's queries (all seeds pooled);
@@ -33,7 +34,7 @@ PAIRS = (("site", "icl"), ("site", "lora"), ("site", "uniform-0.5"), ("site", "f
 
 
 @dataclass
-class BenchTables:
+class ComparisonTables:
     """The benchmark's tables (percent accuracy)."""
 
     model_id: str
@@ -95,7 +96,7 @@ def _task_ci(values: Sequence[float]) -> tuple[float, float]:
     return bootstrap_ci(values) if len(values) > 1 else (float(values[0]), float(values[0]))
 
 
-def build_tables(results: list[dict], model_id: str, *, n_shots: int = 10, metric: str = "first_token") -> BenchTables:
+def build_tables(results: list[dict], model_id: str, *, n_shots: int = 10, metric: str = "first_token") -> ComparisonTables:
     """``results``: one dict per (seed, task, method) with ``records``, ``params``, ``fit_s``,
     ``eval_s`` and ``stages`` (``embedding_s``, ``site_training_s``, ``fv_ranking_s``)."""
     names = display_names(n_shots)
@@ -143,13 +144,16 @@ def build_tables(results: list[dict], model_id: str, *, n_shots: int = 10, metri
                               "wins": int(sum(d > 0 for d in diff)), "ties": int(sum(d == 0 for d in diff)),
                               "losses": int(sum(d < 0 for d in diff))})
     pairs = pd.DataFrame(pair_rows, columns=["a", "b", "mean", "lo", "hi", "tasks", "wins", "ties", "losses"])
-    return BenchTables(model_id=model_id, per_task=per_task, summary=summary, pairs=pairs, metric=metric, names=names)
+    return ComparisonTables(model_id=model_id, per_task=per_task, summary=summary, pairs=pairs, metric=metric, names=names)
 
 
-def load_tables(path: str | Path) -> BenchTables:
+def load_tables(path: str | Path) -> ComparisonTables:
     """The tables of a finished run, from its ``bench.json``."""
     data = json.loads(Path(path).read_text())
     names = display_names(data.get("config", {}).get("run", {}).get("eval", {}).get("n_shots", 10))
-    return BenchTables(model_id=data["model_id"], per_task=pd.DataFrame(data["per_task"]),
+    return ComparisonTables(model_id=data["model_id"], per_task=pd.DataFrame(data["per_task"]),
                        summary=pd.DataFrame(data["summary"]), pairs=pd.DataFrame(data["pairs"]),
                        metric=data.get("metric", "first_token"), names=names)
+
+
+__all__ = ["PAIRS", "ComparisonTables", "build_tables", "display_names", "load_tables"]

@@ -1,11 +1,11 @@
 """Speed benchmark: ratios measured side by side in one run, on the embedded model.
 
-    python benchmarks/bench_speed.py                      # P1 + P2 (about 10 minutes on 2 CPU cores)
-    python benchmarks/bench_speed.py --p3 --p4            # + full FV-57 run and 57 x 57 transfer (long on CPU)
-    python benchmarks/bench_speed.py --no-p1p2 --p3       # P3 alone; its artifacts (runs/bench-fv57) are
+    python benchmarks/speed.py                      # P1 + P2 (about 10 minutes on 2 CPU cores)
+    python benchmarks/speed.py --p3 --p4            # + full FV-57 run and 57 x 57 transfer (long on CPU)
+    python benchmarks/speed.py --no-p1p2 --p3       # P3 alone; its artifacts (runs/bench-fv57) are
                                                           # reused by python -m site_interp.bench
-    python benchmarks/bench_speed.py --no-p1p2 --p3-profile   # P3's embedding seconds per task vs its tokens
-    python benchmarks/bench_speed.py --no-p1p2 --prefix-pieces  # prefix cache: one piece per task vs width pieces
+    python benchmarks/speed.py --no-p1p2 --p3-profile   # P3's embedding seconds per task vs its tokens
+    python benchmarks/speed.py --no-p1p2 --prefix-pieces  # prefix cache: one piece per task vs width pieces
 
 P1  task-embedding extraction / a plain hook-free forward over the same batches   (target <= 1.10)
 P2  alpha training: the paper's procedure (batch 1, 400 full-prompt steps, one task at a time)
@@ -27,13 +27,12 @@ from pathlib import Path
 import torch
 
 from site_interp import EmbeddingConfig, EvalConfig, SiteConfig, compute_task_embedding, evaluate, load_model
-from site_interp.embeddings import icl_prompt_batch
+from site_interp.loading import model_context, model_device
 from site_interp.evaluation import Method
-from site_interp.forward import model_device
-from site_interp.prompts import left_pad, model_context, pad_id
-from site_interp.selection import train_site, train_site_many
+from site_interp.prompts import icl_prompt_batch, left_pad, pad_id
+from site_interp.training import train_site, train_site_many
 from site_interp.tasks import load_task_dir
-from site_interp.transfer import transfer_matrix
+from site_interp.studies.transfer import transfer_matrix
 
 FV57 = Path(__file__).resolve().parents[2] / "shared" / "data" / "fv57"
 P2_TASKS = ("antonym", "country-capital", "capitalize_first_letter", "present-past", "singular-plural",
@@ -117,7 +116,7 @@ def p3(bridge, tasks, n_test: int, out: str) -> tuple[tuple[dict, dict, dict], d
 def p2_vs_p3(bridge, tasks, embs57: dict, alphas57: dict, p3_times: dict, steps: int, n_test: int,
              name: str = "antonym") -> dict:
     """The paper's procedure on one task, timed now, against P3's joint training time per task."""
-    task = next(t for t in tasks if t.name == name)
+    task = next(t for task in tasks if task.name == name)
     t0 = time.perf_counter()
     paper = train_site(bridge, task, embs57[name], SiteConfig(steps=steps, batch_size=1, fast=False), progress=False)
     paper_s = time.perf_counter() - t0
@@ -162,10 +161,11 @@ PIECE_TASKS = ("conll2003_person", "commonsense_qa", "sentiment", "landmark-coun
 def prefix_pieces(bridge, tasks, n_rows: int = 100, repeats: int = 2) -> dict:
     """Building the prefix caches of SITE's validation prompts: one piece per task (padded to the
     task's longest prompt) vs pieces of similar widths (the default); interleaved, best of repeats."""
-    from site_interp.forward import PREFIX_PIECE_OVERHEAD_TOKENS, prefix_cache_for
-    from site_interp.selection import zero_shot_batch
+    from site_interp.batching import PREFIX_PIECE_OVERHEAD_TOKENS
+    from site_interp.prefix_cache import prefix_cache_for
+    from site_interp.prompts import zero_shot_batch
 
-    segments = [zero_shot_batch(bridge, t, "valid", n_rows).token_ids for t in tasks]
+    segments = [zero_shot_batch(bridge, task, "valid", n_rows).token_ids for task in tasks]
     times: dict[str, list[float]] = {"one_piece_s": [], "pieces_s": []}
     stored = {}
     for _ in range(repeats):
@@ -175,7 +175,7 @@ def prefix_pieces(bridge, tasks, n_rows: int = 100, repeats: int = 2) -> dict:
             times[key].append(time.perf_counter() - t0)
             stored[key] = sum(s.mask.numel() for s in cache.segments)
     out = {k: min(v) for k, v in times.items()}
-    return {"tasks": [t.name for t in tasks], "rows": sum(len(s) for s in segments), **out,
+    return {"tasks": [task.name for task in tasks], "rows": sum(len(s) for s in segments), **out,
             "ratio": out["one_piece_s"] / out["pieces_s"], "padded_tokens_one_piece": stored["one_piece_s"],
             "padded_tokens_pieces": stored["pieces_s"], "real_tokens": sum(len(x) for s in segments for x in s)}
 
@@ -191,7 +191,7 @@ def p1p2(bridge, args, report: dict) -> None:
     print(f"P1 embedding / plain forward: {report['P1']['ratio']:.3f} "
           f"({report['P1']['embedding_s']:.2f} s vs {report['P1']['plain_s']:.2f} s)", flush=True)
 
-    embs = [compute_task_embedding(bridge, t, EmbeddingConfig(), progress=False) for t in task_list]
+    embs = [compute_task_embedding(bridge, task, EmbeddingConfig(), progress=False) for task in task_list]
     report["P2"] = p2(bridge, task_list, embs, args.steps, args.n_test)
     r = report["P2"]
     print(f"P2 training per task: paper {r['paper_s_per_task']:.1f} s, ours {r['ours_s_per_task']:.1f} s "
@@ -270,7 +270,7 @@ def main() -> int:
             minutes = (time.perf_counter() - t0) / 60
             rows, full_rows = len(tr.records), None
             if len(p4_tasks) < len(all_tasks):  # rows of the full matrix: every target's queries x (T + 2) sources
-                full_rows = sum(min(len(t.test), args.n_test) for t in all_tasks) * (len(all_tasks) + 2)
+                full_rows = sum(min(len(task.test), args.n_test) for task in all_tasks) * (len(all_tasks) + 2)
             report["P4"] = {"tasks": len(p4_tasks), "queries_per_task": args.n_test, "rows": rows, "minutes": minutes,
                             "rows_per_s": rows / (minutes * 60), **tr.diagonal_summary()}
             if full_rows:

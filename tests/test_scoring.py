@@ -1,7 +1,10 @@
 import pytest
 import torch
 
-from site_interp.forward import build_prefix_cache, greedy_generate, last_token_logits, prefix_cache_fits, unsplit
+from site_interp.batching import unsplit
+from site_interp.generation import greedy_generate
+from site_interp.prefix_cache import build_prefix_cache, prefix_cache_fits
+from site_interp.scoring import last_token_logits
 from site_interp.hooks import injection_hooks
 from site_interp.prompts import encode
 
@@ -75,7 +78,7 @@ def test_sliding_window_guard():
 
 @torch.no_grad()
 def test_segmented_prefix_cache_equals_full_prompts(tiny):
-    from site_interp.forward import SegmentedPrefixCache
+    from site_interp.prefix_cache import SegmentedPrefixCache
 
     ids = _ids(tiny)
     segments = [ids[:1], ids[1:]]  # different widths: rows are padded at select time
@@ -88,15 +91,15 @@ def test_segmented_prefix_cache_equals_full_prompts(tiny):
 
 
 def test_pool_falls_back_to_full_prompts_over_the_memory_budget(tiny_llama):
-    from site_interp.pool import PromptPool
+    from site_interp.scoring import LastTokenScorer
     from site_interp.prompts import build_prompts
 
     batch = build_prompts(tiny_llama.tokenizer, [{"input": "ab", "output": "c"}, {"input": "abcd", "output": "e"}])
-    assert PromptPool(tiny_llama, [batch]).prefix is not None
-    small = PromptPool(tiny_llama, [batch], max_cache_gib=1e-9)
+    assert LastTokenScorer(tiny_llama, [batch]).prefix is not None
+    small = LastTokenScorer(tiny_llama, [batch], max_cache_gib=1e-9)
     assert small.prefix is None
     rows = torch.arange(2)
-    assert torch.equal(small.correct(rows), PromptPool(tiny_llama, [batch]).correct(rows))
+    assert torch.equal(small.correct(rows), LastTokenScorer(tiny_llama, [batch]).correct(rows))
 
 
 def _brute_force_cost(widths: list[int], overhead: int) -> float:
@@ -115,7 +118,7 @@ def _brute_force_cost(widths: list[int], overhead: int) -> float:
 
 @pytest.mark.parametrize("overhead", [0, 5, 40, 1000])
 def test_width_buckets_is_optimal_and_covers_every_row(overhead):
-    from site_interp.pool import width_buckets
+    from site_interp.batching import width_buckets
 
     g = torch.Generator().manual_seed(overhead)
     widths = torch.randint(3, 60, (9,), generator=g)
@@ -131,12 +134,13 @@ def test_width_buckets_is_optimal_and_covers_every_row(overhead):
 
 def test_pool_width_buckets_give_the_same_logits_and_gradients(tiny):
     """A batch mixing short and long prompts, run as one forward and as width groups."""
-    from site_interp.pool import PromptPool, width_buckets
+    from site_interp.scoring import LastTokenScorer
+    from site_interp.batching import width_buckets
     from site_interp.prompts import build_prompts
 
     short = [{"input": w, "output": "x"} for w in ["a", "bc", "d"]]
     long = [{"input": "a much longer input " * 6, "output": "y"}]
-    pool = PromptPool(tiny, [build_prompts(tiny.tokenizer, short), build_prompts(tiny.tokenizer, long)])
+    pool = LastTokenScorer(tiny, [build_prompts(tiny.tokenizer, short), build_prompts(tiny.tokenizer, long)])
     assert pool.widths[-1] > 3 * pool.widths[0]
     L, H, D = tiny.cfg.n_layers, tiny.cfg.n_heads, tiny.cfg.d_head
     rows = torch.tensor([3, 0, 2, 1])
@@ -169,14 +173,16 @@ def test_unsplit_restores_the_row_order_of_a_split_batch():
     perm = torch.randperm(11, generator=torch.Generator().manual_seed(1))
     picks = [perm[:4], perm[4:5], perm[5:]]
     assert torch.equal(unsplit([x[p] for p in picks], picks), x)
-    with pytest.raises(Exception):  # rows missing from the picks: not a permutation
-        unsplit([x[:3]], [torch.tensor([0, 1, 2, 5])])
+    with pytest.raises(ValueError, match="permutation"):  # rows missing from the picks
+        unsplit([x[:4]], [torch.tensor([0, 1, 2, 5])])
+    with pytest.raises(ValueError, match="permutation"):  # a row picked twice
+        unsplit([x[:2], x[:2]], [torch.tensor([0, 1]), torch.tensor([1, 2])])
 
 
 @torch.no_grad()
 def test_prefix_cache_pieces_of_similar_widths_equal_full_prompts(tiny):
     """Each segment is cached as width pieces (rows permuted inside); any rows, any order."""
-    from site_interp.forward import prefix_cache_for
+    from site_interp.prefix_cache import prefix_cache_for
 
     ids = _ids(tiny)
     segments = [ids + [ids[1], ids[2] * 3], ids[::-1]]  # widths 3x apart inside the first segment
@@ -195,7 +201,7 @@ def test_prefix_cache_pieces_of_similar_widths_equal_full_prompts(tiny):
 
 
 def test_segmented_prefix_cache_refuses_rows_that_are_not_a_permutation(tiny):
-    from site_interp.forward import SegmentedPrefixCache
+    from site_interp.prefix_cache import SegmentedPrefixCache
 
     ids = _ids(tiny)
     pieces = [build_prefix_cache(tiny, ids[:2]), build_prefix_cache(tiny, ids[2:])]

@@ -30,10 +30,13 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from functools import lru_cache
 
+from site_interp.tasks.core import Task, TaskError, split_examples, validate_examples
+
 __all__ = [
     "BUILTIN_TASKS",
     "MIN_PAIRS_PER_TASK",
     "BuiltinTaskSpec",
+    "builtin_task",
     "builtin_task_names",
     "generate_pairs",
 ]
@@ -436,3 +439,18 @@ def generate_pairs(name: str) -> list[dict[str, str]]:
             f"unknown built-in task {name!r}; available: {', '.join(builtin_task_names())}"
         ) from None
     return spec.generate()
+
+
+def builtin_task(name: str, *, seed: int = 0, fractions: tuple[float, float, float] = (0.7, 0.1, 0.2)) -> Task:
+    """The built-in task ``name`` as a :class:`~site_interp.tasks.core.Task`, split with ``seed``."""
+    try:
+        spec = BUILTIN_TASKS[name]
+    except KeyError:
+        raise TaskError(f"unknown built-in task {name!r}; available: {', '.join(builtin_task_names())}") from None
+    examples = validate_examples(spec.generate(), f"builtin:{name}")
+    return Task(
+        name=name,
+        source=f"builtin:{name} ({spec.source})",
+        case_sensitive=spec.case_sensitive,
+        **split_examples(examples, seed=seed, fractions=fractions),
+    )

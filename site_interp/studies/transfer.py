@@ -3,7 +3,7 @@
 Entry ``(A -> B)`` is the first-token accuracy on task B's test queries when B's own task
 embedding is injected with task A's alphas. The diagonal is plain SITE. Each column also gets
 two references: 0-shot (no injection) and a uniform alpha of 0.5 (SITE's starting point).
-All ``T x (T + 2)`` entries are rows of one :class:`~site_interp.pool.PromptPool` over every
+All ``T x (T + 2)`` entries are rows of one :class:`~site_interp.scoring.LastTokenScorer` over every
 task's test prompts, so the matrix costs a handful of batched last-token forwards.
 """
 
@@ -11,16 +11,20 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 import pandas as pd
 import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from site_interp.pool import PromptPool
-from site_interp.prompts import build_prompts, model_context
-from site_interp.tasks import Task
+from site_interp.loading import model_context
+from site_interp.prompts import build_prompts
+from site_interp.scoring import LastTokenScorer
+from site_interp.tasks.core import Task
+
+if TYPE_CHECKING:
+    from transformer_lens.model_bridge import TransformerBridge
 
 REFERENCES = ("0-shot", "uniform 0.5")
 
@@ -73,7 +77,7 @@ class TransferResult:
 
 
 def transfer_matrix(
-    bridge,
+    bridge: TransformerBridge,
     tasks: Sequence[Task],
     embeddings: Mapping[str, Float[Tensor, "layer head d_head"]],
     alphas: Mapping[str, Float[Tensor, "layer head"]],
@@ -84,15 +88,16 @@ def transfer_matrix(
 ) -> TransferResult:
     """Compute every ``A -> B`` entry (plus references) on the first ``n_test`` test queries."""
     t0 = time.perf_counter()
-    names = [t.name for t in tasks]
+    names = [task.name for task in tasks]
     missing = [n for n in names if n not in embeddings or n not in alphas]
     if missing:
         raise KeyError(f"no task embedding or alphas for {missing}; train them first (python -m site_interp.run)")
     batches = [
-        build_prompts(bridge.tokenizer, (t.test[:n_test] if n_test else t.test), max_length=model_context(bridge), task=t.name)
-        for t in tasks
+        build_prompts(bridge.tokenizer, (task.test[:n_test] if n_test else task.test), max_length=model_context(bridge),
+                      task=task.name)
+        for task in tasks
     ]
-    pool = PromptPool(bridge, batches, progress=progress)
+    scorer = LastTokenScorer(bridge, batches, progress=progress)
     ts = torch.stack([embeddings[n].float().cpu() for n in names])  # [T, L, H, D]
     a = torch.stack([alphas[n].float().cpu() for n in names])  # [T, L, H]
     sources = torch.cat([a, torch.zeros_like(a[:1]), torch.full_like(a[:1], 0.5)])  # + references
@@ -100,12 +105,12 @@ def transfer_matrix(
     n_src = len(source_names)
     # rows: every query of every target under every source; target-major, so that a batch holds
     # prompts of one task (similar lengths: little padding)
-    rows = torch.arange(len(pool)).repeat_interleave(n_src)
-    src = torch.arange(n_src).repeat(len(pool))
-    target = pool.owner[rows]
-    correct = pool.correct(rows, sources, ts, alpha_index=src, t_index=target, chunk=chunk, progress=progress,
+    rows = torch.arange(len(scorer)).repeat_interleave(n_src)
+    src = torch.arange(n_src).repeat(len(scorer))
+    target = scorer.owner[rows]
+    correct = scorer.correct(rows, sources, ts, alpha_index=src, t_index=target, chunk=chunk, progress=progress,
                            desc="transfer")
-    starts = torch.stack([r[0] for r in pool.ranges])
+    starts = torch.stack([r[0] for r in scorer.ranges])
     records = pd.DataFrame({
         "source": [source_names[i] for i in src.tolist()],
         "target": [names[i] for i in target.tolist()],
@@ -113,3 +118,6 @@ def transfer_matrix(
         "correct": correct.tolist(),
     })
     return TransferResult(tasks=names, records=records, seconds=time.perf_counter() - t0)
+
+
+__all__ = ["REFERENCES", "TransferResult", "transfer_matrix"]

@@ -1,11 +1,13 @@
-"""Tasks: lists of ``{"input", "output"}`` pairs split into train / valid / test.
+"""Task data: lists of ``{"input", "output"}`` pairs split into train / valid / test.
 
 Sources:
 
 * a directory in the function-vector layout, ``<dir>/<task>/{train,valid,test}.json``
   (e.g. ``../shared/data/fv57``), read in place;
 * a single JSON list, split with a seed (:func:`load_json_task`);
-* the built-in tasks of :mod:`site_interp.builtin_tasks`, generated offline from installed packages.
+* the built-in tasks (:mod:`site_interp.tasks.builtin`) and Hugging Face benchmarks
+  (:mod:`site_interp.tasks.hub`), which build on this module; :mod:`site_interp.tasks.specs`
+  turns command-line task names into tasks from any of these sources.
 
 Every example is validated on load; problems raise :class:`TaskError` naming the file and the fix.
 """
@@ -20,13 +22,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from site_interp.errors import UserError
+
 log = logging.getLogger(__name__)
 
 Example = dict[str, str]
 SPLITS = ("train", "valid", "test")
 
 
-class TaskError(ValueError):
+class TaskError(UserError, ValueError):
     """A task file or task name that cannot be used; the message says which and how to fix it."""
 
 
@@ -201,72 +205,15 @@ def load_json_task(
     )
 
 
-def builtin_task(name: str, *, seed: int = 0, fractions: tuple[float, float, float] = (0.7, 0.1, 0.2)) -> Task:
-    """A built-in task (see :mod:`site_interp.builtin_tasks`), split with ``seed``."""
-    from site_interp import builtin_tasks
-
-    try:
-        spec = builtin_tasks.BUILTIN_TASKS[name]
-    except KeyError:
-        raise TaskError(
-            f"unknown built-in task {name!r}; available: {', '.join(builtin_tasks.builtin_task_names())}"
-        ) from None
-    examples = validate_examples(spec.generate(), f"builtin:{name}")
-    return Task(
-        name=name,
-        source=f"builtin:{name} ({spec.source})",
-        case_sensitive=spec.case_sensitive,
-        **split_examples(examples, seed=seed, fractions=fractions),
-    )
-
-
-def resolve_tasks(specs: Sequence[str], data_dir: str | Path | None = None, *, seed: int = 0) -> list[Task]:
-    """Turn command-line task specs into tasks.
-
-    Each spec is a built-in name, a task name under ``data_dir``, a task directory, a JSON file,
-    a Hugging Face benchmark (``anli:r1``, ``mmlu_pro:math``, ``bbh:date_understanding``...;
-    :mod:`site_interp.hf_tasks`, needs a network once) or ``all`` (every task under
-    ``data_dir``, or every built-in task without one).
-    """
-    from site_interp import builtin_tasks, hf_tasks
-
-    if list(specs) == ["all"]:
-        specs = list_task_dir(data_dir) if data_dir else builtin_tasks.builtin_task_names()
-    available_dir = set(list_task_dir(data_dir)) if data_dir else set()
-    tasks = []
-    for spec in specs:
-        path = Path(spec)
-        if spec in available_dir:
-            tasks.append(load_task(Path(data_dir) / spec))
-        elif path.is_dir():
-            tasks.append(load_task(path))
-        elif path.suffix == ".json" and path.exists():
-            tasks.append(load_json_task(path, seed=seed))
-        elif spec in builtin_tasks.BUILTIN_TASKS:
-            tasks.append(builtin_task(spec, seed=seed))
-        elif hf_tasks.is_hf_spec(spec):
-            tasks.extend(hf_tasks.load_hf_task(spec, seed=seed))
-        else:
-            where = f" or in {data_dir}" if data_dir else ""
-            raise TaskError(
-                f"unknown task {spec!r}: not a built-in task{where}, a task directory, a JSON file or a "
-                f"Hugging Face benchmark (anli, mmlu_pro, bbh; e.g. anli:r1). "
-                f"Built-in tasks: {', '.join(builtin_tasks.builtin_task_names())}"
-            )
-    return tasks
-
-
 __all__ = [
     "Example",
     "Task",
     "TaskError",
-    "builtin_task",
     "guess_case_sensitive",
     "list_task_dir",
     "load_json_task",
     "load_task",
     "load_task_dir",
-    "resolve_tasks",
     "split_examples",
     "validate_examples",
 ]

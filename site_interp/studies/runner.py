@@ -1,7 +1,8 @@
-"""The interpretability study over a set of tasks: patching, transfer, head-overlap similarity.
+"""The study over a set of tasks: patching per task, then transfer, head overlap and clustering.
 
 :func:`run_study` takes finished :class:`~site_interp.pipeline.TaskRun` s (task embeddings and
-alphas) and writes everything under ``<out>/<model>/study/``:
+alphas), runs every analysis of :mod:`site_interp.studies` on them and writes everything under
+``<out>/<model>/study/``:
 
 * ``patching_summary.csv`` / ``patching_records.csv`` / ``patching_references.csv``;
 * ``transfer.csv`` (alphas from x evaluated on, %), ``transfer_normalized.csv``,
@@ -10,7 +11,8 @@ alphas) and writes everything under ``<out>/<model>/study/``:
   ``clustering.json`` (linkage and leaf order), ``similarity_vs_transfer.{csv,json}``;
 * ``study.json`` with the configuration, provenance and headline numbers.
 
-Figures are drawn from those files by :mod:`site_interp.figures`.
+Figures are drawn from those files by :mod:`site_interp.plots.run_figures`
+(``python -m site_interp.figures``).
 """
 
 from __future__ import annotations
@@ -18,17 +20,25 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import pandas as pd
 
-from site_interp import similarity
 from site_interp.artifacts import provenance, write_json, write_text
-from site_interp.patching import PatchConfig, PatchingResult, patching_study
-from site_interp.pipeline import RunConfig, TaskRun, run_tasks
-from site_interp.transfer import TransferResult, transfer_matrix
+from site_interp.pipeline import TaskRun
+from site_interp.studies.patching import PatchConfig, PatchingResult, patching_sweep
+from site_interp.studies.similarity import (
+    METRICS,
+    SimilarityMetric,
+    cluster_tasks,
+    overlap_table,
+    similarity_matrix,
+    similarity_vs_transfer,
+)
+from site_interp.studies.transfer import TransferResult, transfer_matrix
 
-METRICS = ("jaccard", "cosine", "spearman")
+if TYPE_CHECKING:
+    from transformer_lens.model_bridge import TransformerBridge
 
 
 @dataclass(frozen=True)
@@ -41,7 +51,7 @@ class StudyConfig:
     """Compute the cross-task transfer matrix (needs >= 2 tasks)."""
     top_k: int | None = None
     """Head sets for Jaccard overlap: the top-k heads by alpha (None: alpha > 0.5)."""
-    cluster_metric: str = "jaccard"
+    cluster_metric: SimilarityMetric = "jaccard"
     """Similarity used for the clustering and dendrogram (jaccard, cosine, spearman)."""
     n_perm: int = 1000
     """Permutations of the overlap null."""
@@ -75,33 +85,13 @@ class StudyResult:
         return pd.concat([p.summary() for p in self.patching.values()], ignore_index=True)
 
 
-def stability_study(
-    bridge, runs: Sequence[TaskRun], variants: Mapping[str, RunConfig], out: str | Path | None = None,
-    *, top_k: int | None = None, progress: bool = True,
-) -> tuple[pd.DataFrame, dict]:
-    """Retrain every task's alphas under other settings (seeds, batch sizes) and measure how stable
-    its head set is: per task, Jaccard between its runs; overall, within-task vs across-task.
-
-    ``variants`` maps a name (e.g. ``seed1``) to a configuration; their artifacts go under
-    ``out/variants/<name>``. The original runs count as one run per task.
-    """
-    alphas: dict[str, list] = {r.task.name: [r.site.alpha] for r in runs}
-    tasks = [r.task for r in runs]
-    for name, cfg in variants.items():
-        target = Path(out) / "variants" / name if out is not None else None
-        for r in run_tasks(bridge, tasks, cfg, target, progress=progress, evaluate_methods=False):
-            alphas[r.task.name].append(r.site.alpha)
-    table = similarity.stability_table(alphas, k=top_k)
-    return table, similarity.within_vs_across(alphas, k=top_k)
-
-
 def _jsonable_relation(rel: dict) -> dict:
     out = {k: v for k, v in rel.items() if k != "pairs"}
     return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in out.items()}
 
 
 def run_study(
-    bridge, runs: Sequence[TaskRun], config: StudyConfig = StudyConfig(), out: str | Path | None = None,
+    bridge: TransformerBridge, runs: Sequence[TaskRun], config: StudyConfig = StudyConfig(), out: str | Path | None = None,
     *, progress: bool = True,
 ) -> StudyResult:
     """Patching per task, then transfer, similarity and clustering across tasks."""
@@ -109,7 +99,7 @@ def run_study(
     for run in runs:
         icl = [m for m in run.evaluation.to_dataframe()["method"].unique() if m.endswith("ICL")]
         refs = {m: 100 * run.evaluation.accuracy(m, config.patch.metric) for m in icl}
-        patching[run.task.name] = patching_study(
+        patching[run.task.name] = patching_sweep(
             bridge, run.task, run.embedding.t, run.site.alpha, config.patch, references=refs, progress=progress
         )
     alphas = {run.task.name: run.site.alpha for run in runs}
@@ -119,14 +109,14 @@ def run_study(
             bridge, [r.task for r in runs], {r.task.name: r.embedding.t for r in runs}, alphas,
             n_test=config.patch.n_test, chunk=config.patch.chunk, progress=progress,
         )
-    sims = {m: similarity.similarity_matrix(alphas, m, k=config.top_k if m == "jaccard" else None) for m in METRICS}
+    sims = {m: similarity_matrix(alphas, m, k=config.top_k if m == "jaccard" else None) for m in METRICS}
     overlap = order = relation = None
     linkage = None
     if len(runs) > 1:
-        overlap = similarity.overlap_table(alphas, k=config.top_k, n_perm=config.n_perm, seed=config.seed)
-        linkage, order = similarity.cluster_tasks(sims[config.cluster_metric])
+        overlap = overlap_table(alphas, k=config.top_k, n_perm=config.n_perm, seed=config.seed)
+        linkage, order = cluster_tasks(sims[config.cluster_metric])
         if transfer is not None:
-            relation = similarity.similarity_vs_transfer(sims["jaccard"], transfer.matrix, seed=config.seed)
+            relation = similarity_vs_transfer(sims["jaccard"], transfer.matrix, seed=config.seed)
     result = StudyResult(patching=patching, transfer=transfer, similarity=sims, overlap=overlap,
                          order=list(order or alphas), relation=relation)
     if out is not None:
@@ -160,3 +150,6 @@ def _write(result: StudyResult, config: StudyConfig, d: Path, linkage) -> None:
         write_json(d / "similarity_vs_transfer.json", _jsonable_relation(result.relation))
         headline["similarity_vs_transfer"] = _jsonable_relation(result.relation)
     write_json(d / "study.json", {"config": config.to_dict(), "provenance": provenance(config.seed), **headline})
+
+
+__all__ = ["StudyConfig", "StudyResult", "run_study"]

@@ -6,8 +6,8 @@ embedding is hard-patched (alpha = 1) into
 * the top-k heads, the bottom-k heads, and k random heads (several seeds) — mode ``patch``;
 * or, in mode ``ablate``, full SITE runs with the top-k heads' alphas set to 0.
 
-Every configuration of every query is one row of a :class:`~site_interp.pool.PromptPool`, so a
-whole sweep is a few batched last-token forwards. Accuracies come with 95% bootstrap intervals
+Every configuration of every query is one row of a :class:`~site_interp.scoring.LastTokenScorer`,
+so a whole sweep is a few batched last-token forwards. Accuracies come with 95% bootstrap intervals
 over queries; random-k also reports the spread over seeds.
 """
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Sequence
+from typing import TYPE_CHECKING, Literal, Sequence
 
 import numpy as np
 import pandas as pd
@@ -23,17 +23,27 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from site_interp import similarity
-from site_interp.evaluation import exact_match, exact_match_decided
-from site_interp.forward import greedy_generate
-from site_interp.hooks import injection_hooks
-from site_interp.pool import PromptPool
-from site_interp.prompts import build_prompts, model_context
-from site_interp.stats import bootstrap_ci
-from site_interp.tasks import Task
+from tqdm.auto import tqdm
 
-SELECTIONS = ("top", "bottom", "random")
-MODES = ("patch", "ablate")
+from site_interp.evaluation import Metric, exact_match, exact_match_decided
+from site_interp.generation import greedy_generate
+from site_interp.hooks import injection_hooks
+from site_interp.loading import model_context
+from site_interp.prompts import build_prompts
+from site_interp.scoring import LastTokenScorer
+from site_interp.stats import bootstrap_ci
+from site_interp.studies.similarity import bottom_k_mask, random_k_mask, top_k_mask
+from site_interp.tasks.core import Task
+
+if TYPE_CHECKING:
+    from transformer_lens.model_bridge import TransformerBridge
+
+Selection = Literal["top", "bottom", "random"]
+"""Which heads: the k with the highest alpha, the k with the lowest, or k drawn at random."""
+Mode = Literal["patch", "ablate"]
+"""``patch``: the task embedding hard-patched into k heads; ``ablate``: SITE with k heads' alphas zeroed."""
+SELECTIONS: tuple[Selection, ...] = ("top", "bottom", "random")
+MODES: tuple[Mode, ...] = ("patch", "ablate")
 
 
 @dataclass(frozen=True)
@@ -42,13 +52,13 @@ class PatchConfig:
 
     ks: tuple[int, ...] | None = None
     """Numbers of heads; default 1, 2, 4, ... up to all heads, plus the number with alpha > 0.5."""
-    modes: tuple[str, ...] = MODES
+    modes: tuple[Mode, ...] = MODES
     """``patch`` (hard-patch t into k heads) and/or ``ablate`` (SITE with top-k alphas zeroed)."""
     n_random: int = 5
     """Seeds of random-k head sets."""
     n_test: int | None = 50
     """Test queries (the first ones of the split); None = all."""
-    metric: str = "first_token"
+    metric: Metric = "first_token"
     """``first_token`` or ``exact_match`` (greedy generation; slower)."""
     max_new_tokens: int = 20
     """Generation budget for exact match."""
@@ -73,14 +83,14 @@ def default_ks(n_heads_total: int, n_selected: int | None = None) -> list[int]:
     return sorted(ks)
 
 
-def head_mask(alpha: Float[Tensor, "layer head"], selection: str, k: int, seed: int = 0) -> Tensor:
-    """Boolean ``[layer, head]`` mask of the top-k, bottom-k or k random heads (see :mod:`site_interp.similarity`)."""
+def head_mask(alpha: Float[Tensor, "layer head"], selection: Selection, k: int, seed: int = 0) -> Tensor:
+    """Boolean ``[layer, head]`` mask of the top-k, bottom-k or k random heads (see :mod:`site_interp.studies.similarity`)."""
     if selection == "top":
-        mask = similarity.top_k_mask(alpha, k)
+        mask = top_k_mask(alpha, k)
     elif selection == "bottom":
-        mask = similarity.bottom_k_mask(alpha, k)
+        mask = bottom_k_mask(alpha, k)
     elif selection == "random":
-        mask = similarity.random_k_mask(tuple(alpha.shape), k, seed)
+        mask = random_k_mask(tuple(alpha.shape), k, seed)
     else:
         raise ValueError(f"unknown selection {selection!r}; use one of {SELECTIONS}")
     return torch.as_tensor(mask)
@@ -147,8 +157,8 @@ def _configurations(alpha: Tensor, cfg: PatchConfig, ks: Sequence[int]) -> list[
     return configs
 
 
-def patching_study(
-    bridge,
+def patching_sweep(
+    bridge: TransformerBridge,
     task: Task,
     t: Float[Tensor, "layer head d_head"],
     alpha: Float[Tensor, "layer head"],
@@ -173,9 +183,10 @@ def patching_study(
     config_of_row = torch.arange(len(configs)).repeat_interleave(n_q)
     query_of_row = torch.arange(n_q).repeat(len(configs))
     if config.metric == "first_token":
-        pool = PromptPool(bridge, [batch])
-        correct = pool.correct(query_of_row, alphas[config_of_row], t.expand(len(config_of_row), *t.shape),
-                               chunk=config.chunk, progress=progress, desc=f"patching {task.name}").tolist()
+        scorer = LastTokenScorer(bridge, [batch])
+        correct = scorer.correct(query_of_row, alphas, t[None], alpha_index=config_of_row,
+                                 t_index=torch.zeros_like(config_of_row), chunk=config.chunk, progress=progress,
+                                 desc=f"patching {task.name}").tolist()
     elif config.metric == "exact_match":
         correct = _exact_match_rows(bridge, batch, task, alphas, t, config_of_row, query_of_row, config, progress)
     else:
@@ -196,9 +207,8 @@ def patching_study(
 
 
 @torch.no_grad()
-def _exact_match_rows(bridge, batch, task, alphas, t, config_of_row, query_of_row, cfg: PatchConfig, progress) -> list[bool]:
-    from tqdm.auto import tqdm
-
+def _exact_match_rows(bridge: TransformerBridge, batch, task: Task, alphas, t, config_of_row, query_of_row,
+                      cfg: PatchConfig, progress: bool) -> list[bool]:
     out: list[bool] = []
     for start in tqdm(range(0, len(config_of_row), cfg.chunk), desc=f"patching {task.name}", disable=not progress, leave=False):
         sl = slice(start, start + cfg.chunk)
@@ -209,3 +219,7 @@ def _exact_match_rows(bridge, batch, task, alphas, t, config_of_row, query_of_ro
         out.extend(exact_match(bridge.tokenizer.decode(g, skip_special_tokens=True), batch.targets[i], task.case_sensitive)
                    for g, i in zip(gens, q))
     return out
+
+
+__all__ = ["MODES", "SELECTIONS", "Mode", "PatchConfig", "PatchingResult", "Selection", "default_ks", "head_mask",
+           "patching_sweep"]

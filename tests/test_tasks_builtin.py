@@ -8,8 +8,8 @@ import string
 
 import pytest
 
-from site_interp import builtin_tasks as bt
-from site_interp.builtin_tasks import (
+from site_interp.tasks import builtin as bt
+from site_interp.tasks.builtin import (
     BUILTIN_TASKS,
     MIN_PAIRS_PER_TASK,
     BuiltinTaskSpec,

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from site_interp.embeddings import EmbeddingConfig, compute_task_embedding
-from site_interp.selection import SiteConfig, train_site, train_site_many
+from site_interp.training import SiteConfig, train_site, train_site_many
 
 from conftest import toy_task
 
@@ -35,11 +35,11 @@ def test_returns_the_best_not_the_last_alphas(tiny_llama, emb_toy):
     validated = {h["step"]: h["valid_loss"] for h in res.history if "valid_loss" in h}
     assert res.best_valid_loss == min(validated.values())
     # the kept alphas reproduce the recorded validation loss of their step
-    from site_interp.pool import PromptPool
-    from site_interp.selection import _valid_losses, zero_shot_batch
+    from site_interp.scoring import LastTokenScorer
+    from site_interp.prompts import zero_shot_batch
 
-    pool = PromptPool(tiny_llama, [zero_shot_batch(tiny_llama, task, "valid")])
-    recomputed = _valid_losses(pool, res.alpha[None], emb.t[None], 1)[0]
+    scorer = LastTokenScorer(tiny_llama, [zero_shot_batch(tiny_llama, task, "valid")])
+    recomputed = scorer.mean_losses(res.alpha[None], emb.t[None])[0]
     assert recomputed.item() == pytest.approx(res.best_valid_loss, rel=1e-4)
 
 
@@ -95,7 +95,7 @@ def test_embedding_from_another_model_is_refused(tiny_llama, toy):
 def test_groups_take_shortest_prompts_first_whatever_the_valid_split_size(tiny_llama):
     from dataclasses import replace
 
-    from site_interp.selection import _groups
+    from site_interp.training import _groups
     from site_interp.tasks import Task
 
     short = toy_task("short")
@@ -106,7 +106,7 @@ def test_groups_take_shortest_prompts_first_whatever_the_valid_split_size(tiny_l
 
 
 def test_tasks_are_grouped_by_cache_budget_with_the_same_result(tiny_llama):
-    from site_interp.selection import _groups
+    from site_interp.training import _groups
 
     tasks = [toy_task("t1"), toy_task("t2"), toy_task("t3")]
     assert _groups(tiny_llama, tasks, CFG, 4.0) == [[0, 1, 2]]

@@ -2,8 +2,9 @@
 
 Every function returns a ``plotly.graph_objects.Figure`` and never shows it (a notebook
 displays the returned figure). Hover text is built with ``hovertemplate`` over
-``customdata``, so each point carries its own labels (task, layer, head, ...). Colours and
-orderings follow :mod:`site_interp.plotting`; this module does not import matplotlib.
+``customdata``, so each point carries its own labels (task, layer, head, ...). Colours,
+dashes and task orderings come from :mod:`site_interp.plots.style`, as in the static figures
+of :mod:`site_interp.plots.static`; this module does not import matplotlib.
 """
 
 from __future__ import annotations
@@ -17,37 +18,34 @@ from jaxtyping import Float
 from plotly.subplots import make_subplots
 from torch import Tensor
 
-from site_interp.similarity import reorder_tasks
+from site_interp.plots.style import EXTRA_COLORS as EXTRA_COLORS  # re-exported
+from site_interp.plots.style import REFERENCE_COLORS as REFERENCE_COLORS  # re-exported
+from site_interp.plots.style import (
+    BAND_ALPHA,
+    PLOTLY_DASHES,
+    SELECTIONS,
+    reference_colors,
+    reorder_tasks,
+    selection_styles,
+)
+from site_interp.plots.style import format_k as _fmt_k
+from site_interp.plots.style import require_columns as _require
+from site_interp.plots.style import to_numpy as _np
 
 ALPHA_HOVER = (
     "task: %{customdata[2]}<br>layer: %{customdata[0]}<br>head: %{customdata[1]}"
     "<br>alpha: %{z:.3f}<extra></extra>"
 )
 """Hover text of every alpha heatmap cell; customdata is ``[layer, head, task]``."""
-SELECTION_COLORS: dict[str, tuple[str, str]] = {
-    "top": ("#08519c", "solid"),
-    "bottom": ("#8fa3bf", "solid"),
-    "random": ("#404040", "dash"),
-    "ablate_top": ("#d62728", "dot"),
-}
-"""(colour, dash) of the known head selections, as in the static figures."""
-EXTRA_COLORS = ("#1b9e77", "#7570b3", "#e7298a", "#66a61e", "#e6ab02", "#a6761d")
-REFERENCE_COLORS = ("#7f7f7f", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b")
+SELECTION_COLORS: dict[str, tuple[str, str]] = {name: (s.color, PLOTLY_DASHES[s.dash]) for name, s in SELECTIONS.items()}
+"""(colour, plotly dash) of the known head selections (from :data:`style.SELECTIONS`)."""
 _LAYOUT: dict[str, Any] = {"template": "simple_white", "font": {"size": 12}, "margin": {"l": 60, "r": 20, "t": 50, "b": 50}}
-
-
-def _np(x: Any) -> np.ndarray:
-    return x.detach().cpu().float().numpy() if isinstance(x, Tensor) else np.asarray(x, dtype=float)
 
 
 def _rgba(hex_color: str, alpha: float) -> str:
     h = hex_color.lstrip("#")
     r, g, b = (int(h[i:i + 2], 16) for i in (0, 2, 4))
     return f"rgba({r},{g},{b},{alpha})"
-
-
-def _fmt_k(k: float) -> str:
-    return str(int(k)) if float(k).is_integer() else f"{k:g}"
 
 
 def _alpha_trace(alpha: Float[Tensor, "layer head"] | np.ndarray, task: str, **kwargs: Any) -> go.Heatmap:
@@ -184,24 +182,16 @@ def interactive_patching(
     columns, when present) and, from ``references`` (``task, method, accuracy``), one
     horizontal line per method. x is logarithmic with ticks at the k values (linear when some
     k <= 0). Hover shows the selection, k, accuracy and interval."""
-    missing = [c for c in ("task", "selection", "k", "accuracy") if c not in summary.columns]
-    if missing:
-        raise ValueError(f"summary lacks columns {missing}")
+    _require(summary, ("task", "selection", "k", "accuracy"), "summary")
     rows = summary[summary["task"] == task]
     if rows.empty:
         raise ValueError(f"no rows for task {task!r}; tasks: {list(dict.fromkeys(summary['task']))}")
-    seen = list(dict.fromkeys(rows["selection"]))
-    selections = [s for s in SELECTION_COLORS if s in seen] + [s for s in seen if s not in SELECTION_COLORS]
+    styles = selection_styles(rows["selection"])
     has_band = {"lo", "hi"} <= set(rows.columns)
     ks = np.sort(rows["k"].unique()).astype(float)
     fig = go.Figure()
-    extra = 0
-    for sel in selections:
-        if sel in SELECTION_COLORS:
-            color, dash = SELECTION_COLORS[sel]
-        else:
-            color, dash = EXTRA_COLORS[extra % len(EXTRA_COLORS)], "dashdot"
-            extra += 1
+    for sel, style in styles.items():
+        color, dash = style.color, PLOTLY_DASHES[style.dash]
         s = rows[rows["selection"] == sel].sort_values("k")
         x, y = s["k"].to_numpy(float), s["accuracy"].to_numpy(float)
         lo = s["lo"].to_numpy(float) if has_band else np.full_like(y, np.nan)
@@ -210,7 +200,7 @@ def interactive_patching(
         if ok.any():
             fig.add_trace(go.Scatter(
                 x=np.concatenate([x[ok], x[ok][::-1]]), y=np.concatenate([hi[ok], lo[ok][::-1]]),
-                fill="toself", fillcolor=_rgba(color, 0.18), line={"width": 0}, hoverinfo="skip",
+                fill="toself", fillcolor=_rgba(color, BAND_ALPHA), line={"width": 0}, hoverinfo="skip",
                 showlegend=False, legendgroup=str(sel), name=f"{sel} 95% interval",
             ))
         fig.add_trace(go.Scatter(
@@ -223,12 +213,11 @@ def interactive_patching(
             ),
         ))
     if references is not None and len(references):
-        methods = list(dict.fromkeys(references["method"]))  # colour by method, as in every task
+        colors = reference_colors(references["method"])  # over all tasks: a method keeps its colour
         for r in references[references["task"] == task].itertuples(index=False):
-            i = methods.index(r.method)
             fig.add_trace(go.Scatter(
                 x=[ks.min(), ks.max()], y=[float(r.accuracy)] * 2, mode="lines", name=str(r.method),
-                line={"color": REFERENCE_COLORS[i % len(REFERENCE_COLORS)], "width": 1.5},
+                line={"color": colors[r.method], "width": 1.5},
                 hovertemplate="%{fullData.name}: %{y:.1f}%<extra></extra>",
             ))
     log = bool(len(ks)) and ks.min() > 0

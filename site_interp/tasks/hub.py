@@ -31,7 +31,7 @@ import random
 import re
 from typing import Any, Callable, Iterable, Mapping
 
-from site_interp.tasks import Example, Task, TaskError, split_examples, validate_examples
+from site_interp.tasks.core import Example, Task, TaskError, split_examples, validate_examples
 
 log = logging.getLogger(__name__)
 
