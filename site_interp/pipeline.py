@@ -9,6 +9,7 @@ there. Figures are drawn by the commands (:mod:`site_interp.plots`), not here. U
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -17,7 +18,7 @@ from typing import TYPE_CHECKING
 import pandas as pd
 import torch
 
-from site_interp.artifacts import load_if_valid, provenance, save_artifact, slug, write_json, write_text
+from site_interp.artifacts import load_if_valid, provenance, read_json, save_artifact, slug, write_json, write_text
 from site_interp.embeddings import EmbeddingConfig, TaskEmbedding, compute_task_embedding
 from site_interp.evaluation import EvalConfig, TaskEvaluation, evaluate, standard_methods
 from site_interp.tasks.core import Task
@@ -63,47 +64,65 @@ class TaskRun:
         return self.evaluation.summary()
 
 
-def model_id(bridge: TransformerBridge) -> str:
-    """The model's id as recorded in artifacts (hub id or resolved directory)."""
-    info = getattr(bridge, "site_info", None)
-    return info.model_id if info is not None else str(getattr(bridge.cfg, "model_name", "unknown"))
+def model_id(model: TransformerBridge | str) -> str:
+    """The model's id as recorded in artifacts (hub id or resolved directory); a string is
+    taken as the id itself (a sweep's driver writes artifacts without loading the model)."""
+    if isinstance(model, str):
+        return model
+    info = getattr(model, "site_info", None)
+    return info.model_id if info is not None else str(getattr(model.cfg, "model_name", "unknown"))
 
 
-def task_dir(out: str | Path, bridge: TransformerBridge, task: Task) -> Path:
+def task_dir(out: str | Path, model: TransformerBridge | str, task: Task) -> Path:
     """``<out>/<model>/<task>/``: where a task's artifacts live."""
-    return Path(out) / slug(model_id(bridge)) / slug(task.name)
+    return Path(out) / slug(model_id(model)) / slug(task.name)
 
 
-def _embedding_key(bridge: TransformerBridge, task: Task, cfg: RunConfig) -> dict:
+def embedding_key(model: TransformerBridge | str, task: Task, cfg: RunConfig) -> dict:
+    """What a task embedding artifact must have been made with to be reused."""
     return {
-        "model_id": model_id(bridge),
+        "model_id": model_id(model),
         "task": task.name,
         "task_fingerprint": task.fingerprint(),
         "embedding": cfg.embedding.to_dict(),
     }
 
 
+def alpha_key(model: TransformerBridge | str, task: Task, cfg: RunConfig) -> dict:
+    """What an alpha artifact must have been made with to be reused."""
+    return {**embedding_key(model, task, cfg), "site": cfg.site.result_key()}
+
+
+def load_embedding(model: TransformerBridge | str, task: Task, cfg: RunConfig, directory: Path) -> TaskEmbedding | None:
+    """The task embedding saved in ``directory`` if it was made with these settings, else None."""
+    cached = load_if_valid(directory / "embedding.safetensors", embedding_key(model, task, cfg))
+    if cached is None:
+        return None
+    tensors, meta = cached
+    return TaskEmbedding(task.name, tensors["t"], cfg.embedding, meta.get("seconds", 0.0), tensors.get("resid"))
+
+
+def save_embedding(model: TransformerBridge | str, task: Task, cfg: RunConfig, directory: Path,
+                   emb: TaskEmbedding) -> None:
+    tensors = {"t": emb.t} if emb.resid is None else {"t": emb.t, "resid": emb.resid}
+    save_artifact(directory / "embedding.safetensors", tensors, embedding_key(model, task, cfg),
+                  {"seconds": emb.seconds}, seed=cfg.embedding.seed)
+
+
 def get_embedding(bridge: TransformerBridge, task: Task, cfg: RunConfig, directory: Path | None, progress: bool) -> tuple[TaskEmbedding, bool]:
     """Load the cached task embedding or compute and save it. Returns (embedding, computed?)."""
-    key = _embedding_key(bridge, task, cfg)
-    path = directory / "embedding.safetensors" if directory else None
-    cached = load_if_valid(path, key) if path else None
+    cached = load_embedding(bridge, task, cfg, directory) if directory else None
     if cached is not None:
-        tensors, meta = cached
-        return TaskEmbedding(task.name, tensors["t"], cfg.embedding, meta.get("seconds", 0.0), tensors.get("resid")), False
+        return cached, False
     emb = compute_task_embedding(bridge, task, cfg.embedding, progress=progress)
-    if path:
-        tensors = {"t": emb.t} if emb.resid is None else {"t": emb.t, "resid": emb.resid}
-        save_artifact(path, tensors, key, {"seconds": emb.seconds}, seed=cfg.embedding.seed)
+    if directory:
+        save_embedding(bridge, task, cfg, directory, emb)
     return emb, True
 
 
-def _alpha_key(bridge: TransformerBridge, task: Task, cfg: RunConfig) -> dict:
-    return {**_embedding_key(bridge, task, cfg), "site": cfg.site.result_key()}
-
-
-def _load_alphas(bridge: TransformerBridge, task: Task, cfg: RunConfig, directory: Path | None) -> SiteResult | None:
-    cached = load_if_valid(directory / "alphas.safetensors", _alpha_key(bridge, task, cfg)) if directory else None
+def load_alphas(model: TransformerBridge | str, task: Task, cfg: RunConfig, directory: Path) -> SiteResult | None:
+    """The trained alphas saved in ``directory`` if they were made with these settings, else None."""
+    cached = load_if_valid(directory / "alphas.safetensors", alpha_key(model, task, cfg))
     if cached is None:
         return None
     tensors, meta = cached
@@ -114,9 +133,9 @@ def _load_alphas(bridge: TransformerBridge, task: Task, cfg: RunConfig, director
     )
 
 
-def _save_alphas(bridge: TransformerBridge, task: Task, cfg: RunConfig, directory: Path, res: SiteResult) -> None:
+def save_alphas(model: TransformerBridge | str, task: Task, cfg: RunConfig, directory: Path, res: SiteResult) -> None:
     save_artifact(
-        directory / "alphas.safetensors", {"alpha": res.alpha}, _alpha_key(bridge, task, cfg),
+        directory / "alphas.safetensors", {"alpha": res.alpha}, alpha_key(model, task, cfg),
         {"best_step": res.best_step, "best_valid_loss": res.best_valid_loss, "history": res.history,
          "seconds": res.seconds, "n_selected": res.n_selected},
         seed=cfg.site.seed,
@@ -134,14 +153,14 @@ def run_tasks(
     per step for all of them). Training time is reported per task as the joint time / tasks.
     ``evaluate_methods=False`` stops after training (the runs then carry an empty evaluation).
     """
-    dirs = [task_dir(out, bridge, t) if out is not None else None for t in tasks]
+    dirs = [task_dir(out, bridge, task) if out is not None else None for task in tasks]
     timings: list[dict[str, float]] = [{} for _ in tasks]
     embs = []
     for k, task in enumerate(tasks):
         emb, made = get_embedding(bridge, task, cfg, dirs[k], progress)
         timings[k]["embedding"] = emb.seconds if made else 0.0
         embs.append(emb)
-    sites: list[SiteResult | None] = [_load_alphas(bridge, t, cfg, d) for t, d in zip(tasks, dirs)]
+    sites: list[SiteResult | None] = [load_alphas(bridge, task, cfg, d) if d else None for task, d in zip(tasks, dirs)]
     todo = [k for k, s in enumerate(sites) if s is None]
     if todo:
         torch.manual_seed(cfg.site.seed)
@@ -151,7 +170,7 @@ def run_tasks(
                 k = todo[j]
                 sites[k] = res
                 if dirs[k] is not None:
-                    _save_alphas(bridge, tasks[k], cfg, dirs[k], res)
+                    save_alphas(bridge, tasks[k], cfg, dirs[k], res)
 
         train_site_many(bridge, [tasks[k] for k in todo], [embs[k] for k in todo], cfg.site, progress=progress,
                         on_group=save_group)
@@ -183,17 +202,17 @@ def run_task(
     return run_tasks(bridge, [task], cfg, out, progress=progress)[0]
 
 
-def write_run_files(bridge: TransformerBridge, run: TaskRun, cfg: RunConfig) -> None:
+def write_run_files(model: TransformerBridge | str, run: TaskRun, cfg: RunConfig) -> None:
     """config.json, results.json/.csv and summary.csv of one task run."""
     d = run.directory
     assert d is not None
     write_json(d / "config.json", {
-        "model_id": model_id(bridge), "task": run.task.name, "task_source": run.task.source,
+        "model_id": model_id(model), "task": run.task.name, "task_source": run.task.source,
         "task_fingerprint": run.task.fingerprint(), "config": cfg.to_dict(), "provenance": provenance(cfg.site.seed),
     })
     summary = run.summary()
     write_json(d / "results.json", {
-        "task": run.task.name, "model_id": model_id(bridge), "summary": summary.to_dict(orient="records"),
+        "task": run.task.name, "model_id": model_id(model), "summary": summary.to_dict(orient="records"),
         "best_step": run.site.best_step, "best_valid_loss": run.site.best_valid_loss,
         "n_selected_heads": run.site.n_selected, "timings": run.timings,
         "records": run.evaluation.records,
@@ -202,4 +221,55 @@ def write_run_files(bridge: TransformerBridge, run: TaskRun, cfg: RunConfig) -> 
     write_text(d / "summary.csv", summary.to_csv(index=False))
 
 
-__all__ = ["RunConfig", "TaskRun", "get_embedding", "model_id", "run_task", "run_tasks", "task_dir", "write_run_files"]
+
+
+
+def save_run(model: TransformerBridge | str, run: TaskRun, cfg: RunConfig, out: str | Path) -> Path:
+    """Write everything :func:`run_tasks` writes for ``run`` under ``<out>/<model>/<task>/``
+    (e.g. a sweep's driver, for a run computed elsewhere); returns the directory."""
+    directory = task_dir(out, model, run.task)
+    save_embedding(model, run.task, cfg, directory, run.embedding)
+    save_alphas(model, run.task, cfg, directory, run.site)
+    run.directory = directory
+    if run.evaluation.records:
+        write_run_files(model, run, cfg)
+    return directory
+
+
+def load_run(model: TransformerBridge | str, task: Task, cfg: RunConfig, out: str | Path) -> TaskRun | None:
+    """The finished run of ``task`` under ``out`` (embedding, alphas and evaluation, all made with
+    these settings), or None when any part is missing; other settings raise
+    :class:`~site_interp.artifacts.ArtifactMismatchError`."""
+    directory = task_dir(out, model, task)
+    emb = load_embedding(model, task, cfg, directory)
+    site = load_alphas(model, task, cfg, directory)
+    results = directory / "results.json"
+    if emb is None or site is None or not results.exists():
+        return None
+    data = read_json(results)
+    stored = read_json(directory / "config.json").get("config") if (directory / "config.json").exists() else None
+    if data.get("model_id") != model_id(model) or stored != json.loads(json.dumps(cfg.to_dict())):
+        return None
+    evaluation = TaskEvaluation(task.name, records=data["records"])
+    return TaskRun(task=task, embedding=emb, site=site, evaluation=evaluation,
+                   timings={k: 0.0 for k in data.get("timings", {})}, directory=directory)
+
+
+__all__ = [
+    "RunConfig",
+    "TaskRun",
+    "alpha_key",
+    "embedding_key",
+    "get_embedding",
+    "load_alphas",
+    "load_embedding",
+    "load_run",
+    "model_id",
+    "run_task",
+    "run_tasks",
+    "save_alphas",
+    "save_embedding",
+    "save_run",
+    "task_dir",
+    "write_run_files",
+]

@@ -1,0 +1,32 @@
+"""The pipeline's artifacts: a run saved elsewhere (a sweep's driver) is the run, and is reused."""
+
+import torch
+
+from site_interp.embeddings import EmbeddingConfig
+from site_interp.evaluation import EvalConfig
+from site_interp.pipeline import RunConfig, load_run, run_tasks, save_run, task_dir
+from site_interp.training import SiteConfig
+
+from conftest import toy_task
+
+CFG = RunConfig(embedding=EmbeddingConfig(n_prompts=4, n_shots=2),
+                site=SiteConfig(steps=4, batch_size=2, eval_every=2, n_valid=8),
+                eval=EvalConfig(n_test=4, n_shots=2, exact_match=False))
+
+
+def test_saved_run_loads_back_and_is_reused(tiny_llama, tmp_path):
+    task = toy_task()
+    (run,) = run_tasks(tiny_llama, [task], CFG, None, progress=False)
+    assert load_run("site-interp/tiny-llama-seed0", task, CFG, tmp_path) is None  # nothing there yet
+    directory = save_run("site-interp/tiny-llama-seed0", run, CFG, tmp_path)  # by model id, no bridge
+    assert directory == task_dir(tmp_path, tiny_llama, task)
+    back = load_run(tiny_llama, task, CFG, tmp_path)
+    assert back is not None
+    assert torch.equal(back.site.alpha, run.site.alpha) and torch.equal(back.embedding.t, run.embedding.t)
+    assert back.evaluation.records == run.evaluation.records
+    # run_tasks on the same directory reuses the saved alphas: identical, no training time
+    (again,) = run_tasks(tiny_llama, [task], CFG, tmp_path, progress=False)
+    assert torch.equal(again.site.alpha, run.site.alpha) and again.timings["training"] == 0.0
+    # other evaluation settings: the saved evaluation is not this run's
+    other = RunConfig(embedding=CFG.embedding, site=CFG.site, eval=EvalConfig(n_test=3, n_shots=2, exact_match=False))
+    assert load_run(tiny_llama, task, other, tmp_path) is None
