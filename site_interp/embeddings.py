@@ -16,6 +16,7 @@ from jaxtyping import Float
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from site_interp.checks import check_int
 from site_interp.hooks import capture_hooks, stack_captured
 from site_interp.loading import model_context, model_device
 from site_interp.prompts import DEFAULT_TEMPLATE, PromptTemplate, icl_prompt_batch, left_pad, pad_id
@@ -37,6 +38,12 @@ class EmbeddingConfig:
     """Prompts per forward pass (left-padded)."""
     seed: int = 0
     """Seed for the queries and demonstrations."""
+
+    def __post_init__(self) -> None:
+        check_int(self.n_prompts, "n_prompts", minimum=1, option="--n-prompts")
+        check_int(self.n_shots, "n_shots", minimum=1, option="--n-shots")
+        check_int(self.batch_size, "batch_size", minimum=1)
+        check_int(self.seed, "seed", minimum=0, option="--seed")
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -25,6 +25,7 @@ from jaxtyping import Float
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from site_interp.checks import check_int
 from site_interp.generation import greedy_generate
 from site_interp.hooks import HookFn, Hooks, injection_hooks
 from site_interp.loading import model_context
@@ -61,6 +62,13 @@ class EvalConfig:
     """Also generate and score exact match (slower than first token alone)."""
     max_new_tokens: int = 20
     """Generation budget for exact match."""
+
+    def __post_init__(self) -> None:
+        check_int(self.n_test, "n_test", minimum=1, none_ok=True, option="--n-test")
+        check_int(self.n_shots, "n_shots", minimum=0, option="--n-shots")
+        check_int(self.seed, "seed", minimum=0, option="--seed")
+        check_int(self.batch_size, "batch_size", minimum=1)
+        check_int(self.max_new_tokens, "max_new_tokens", minimum=1, option="--max-new-tokens")
 
     def to_dict(self) -> dict:
         return asdict(self)

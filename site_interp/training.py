@@ -21,6 +21,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from site_interp.checks import check_float, check_int
 from site_interp.embeddings import TaskEmbedding
 from site_interp.errors import ConfigError
 from site_interp.prefix_cache import prefix_cache_bytes
@@ -31,6 +32,12 @@ from site_interp.trainer import FitResult, step_schedule, train_keep_best
 
 if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge
+
+
+MAX_LR = 10.0
+"""The largest learning rate :class:`SiteConfig` accepts: Adam moves every alpha logit by about
+``lr`` per step, so beyond this the alphas saturate at exactly 0 or 1 and validation cannot tell
+steps apart."""
 
 
 @dataclass(frozen=True)
@@ -57,6 +64,16 @@ class SiteConfig:
     """Seeds the order of training examples."""
     fast: bool = True
     """Reuse the prompt prefix (last token only per step); False runs full prompts."""
+
+    def __post_init__(self) -> None:
+        check_int(self.steps, "steps", minimum=1, option="--steps")
+        # Adam moves every logit by about lr per step: beyond 10, alphas saturate at exactly 0 or 1
+        check_float(self.lr, "lr", above=0, maximum=MAX_LR, option="--lr")
+        check_int(self.batch_size, "batch_size", minimum=1, option="--batch-size")
+        check_int(self.eval_every, "eval_every", minimum=1, option="--eval-every")
+        check_int(self.n_valid, "n_valid", minimum=1, none_ok=True)
+        check_float(self.sparsity, "sparsity", minimum=0, option="--sparsity")
+        check_int(self.seed, "seed", minimum=0, option="--seed")
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1] / "site_interp"
 
 LAYERS = [
     # lowest first: a module may import from its own layer or a lower one, never a higher one
-    ("base", {"errors", "loading", "tasks", "prompts", "hooks", "artifacts", "stats"}),
+    ("base", {"errors", "checks", "loading", "tasks", "prompts", "hooks", "artifacts", "stats"}),
     ("method", {"batching", "prefix_cache", "scoring", "generation", "embeddings", "trainer", "training",
                 "evaluation", "pipeline", "share"}),
     ("studies", {"studies", "baselines", "plots", "explorer", "sweeps"}),

@@ -33,6 +33,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from site_interp.baselines.steering import Mode, SteeringConfig, SteeringResult, resid_hooks, scan_layers
+from site_interp.checks import check_int
 from site_interp.embeddings import TaskEmbedding, compute_task_embedding
 from site_interp.errors import ConfigError
 from site_interp.hooks import Hooks, injection_hooks
@@ -55,6 +56,12 @@ class FunctionVectorConfig(SteeringConfig):
     """Shuffled-label prompts the indirect effect is averaged over (per task); they use ``n_shots``."""
     n_heads: int | None = None
     """Heads summed into the vector; None: :func:`default_n_heads`."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_int(self.n_shots, "n_shots", minimum=2, option="--n-shots (shuffled demo labels need two)")
+        check_int(self.n_aie_prompts, "n_aie_prompts", minimum=1, option="--fv-aie-prompts")
+        check_int(self.n_heads, "n_heads", minimum=1, none_ok=True, option="--fv-heads")
 
 
 def default_n_heads(n_layers: int, n_heads: int) -> int:

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Iterator, Sequence
 import torch
 from torch import Tensor
 
+from site_interp.checks import check_float, check_int, check_subset
 from site_interp.prompts import DEFAULT_TEMPLATE, PromptTemplate, zero_shot_batch
 from site_interp.scoring import LastTokenScorer
 from site_interp.tasks.core import Task
@@ -59,6 +60,17 @@ class LoraConfig:
     """Validation queries (the first ones of the valid split); None: all."""
     seed: int = 0
     """Seeds the adapter initialisation and the order of training examples."""
+
+    def __post_init__(self) -> None:
+        check_int(self.rank, "rank", minimum=1, option="--lora-rank")
+        check_float(self.scale, "scale", above=0)
+        check_subset(self.targets, "targets", ("q", "k", "v", "o"))
+        check_int(self.steps, "steps", minimum=1, option="--lora-steps")
+        check_int(self.batch_size, "batch_size", minimum=1, option="--lora-batch-size")
+        check_float(self.lr, "lr", above=0, option="--lora-lr")
+        check_int(self.eval_every, "eval_every", minimum=1)
+        check_int(self.n_valid, "n_valid", minimum=1, none_ok=True)
+        check_int(self.seed, "seed", minimum=0, option="--seed")
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -26,6 +26,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 from transformer_lens.hook_points import HookPoint
 
+from site_interp.checks import check_int
 from site_interp.embeddings import EmbeddingConfig
 from site_interp.evaluation import EvalConfig, Method, TaskEvaluation, evaluate
 from site_interp.hooks import HookFn, Hooks, resid_name, rows_and_positions
@@ -59,6 +60,15 @@ class SteeringConfig:
     """Seeds the ICL prompts (the same prompts as SITE's embedding with this seed)."""
     fast: bool = True
     """Reuse prompt prefixes (last token only per row); False runs full prompts."""
+
+    def __post_init__(self) -> None:
+        check_int(self.n_prompts, "n_prompts", minimum=1, option="--n-prompts")
+        check_int(self.n_shots, "n_shots", minimum=1, option="--n-shots")
+        for layer in self.layers or ():
+            check_int(layer, "layers", minimum=0)
+        check_int(self.n_valid, "n_valid", minimum=1, none_ok=True, option="--scan-valid")
+        check_int(self.batch_size, "batch_size", minimum=1)
+        check_int(self.seed, "seed", minimum=0, option="--seed")
 
     def to_dict(self) -> dict:
         return asdict(self)

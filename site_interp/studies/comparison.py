@@ -46,6 +46,8 @@ from site_interp.baselines import (
     fit_task_vector,
 )
 from site_interp.baselines.lora import LoraConfig, lora_adapter, train_lora
+from site_interp.checks import check_int, check_subset
+from site_interp.errors import ConfigError
 from site_interp.evaluation import Method, evaluate
 from site_interp.pipeline import RunConfig, TaskRun, model_id, run_tasks, task_dir
 from site_interp.studies.comparison_tables import ComparisonTables, build_tables
@@ -81,6 +83,13 @@ class ComparisonConfig:
     """Task-vector settings (layer scan)."""
     lora: LoraConfig = field(default_factory=LoraConfig)
     """LoRA settings."""
+
+    def __post_init__(self) -> None:
+        check_subset(self.methods, "methods", METHODS, option="--methods")
+        if not self.seeds:
+            raise ConfigError("seeds (--seeds) must name at least one seed")
+        for seed in self.seeds:
+            check_int(seed, "seeds", minimum=0, option="--seeds")
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -25,6 +25,7 @@ from torch import Tensor
 
 from tqdm.auto import tqdm
 
+from site_interp.checks import check_choice, check_int, check_subset
 from site_interp.evaluation import Metric, exact_match, exact_match_decided
 from site_interp.generation import greedy_generate
 from site_interp.hooks import injection_hooks
@@ -66,6 +67,17 @@ class PatchConfig:
     """Seed of the random head sets and the bootstrap."""
     chunk: int = 128
     """Rows (configuration x query) per forward pass."""
+
+    def __post_init__(self) -> None:
+        for k in self.ks or ():
+            check_int(k, "ks", minimum=0, option="--ks")
+        check_subset(self.modes, "modes", MODES, option="--modes")
+        check_int(self.n_random, "n_random", minimum=1, option="--n-random")
+        check_int(self.n_test, "n_test", minimum=1, none_ok=True, option="--n-test")
+        check_choice(self.metric, "metric", ("first_token", "exact_match"), option="--metric")
+        check_int(self.max_new_tokens, "max_new_tokens", minimum=1, option="--max-new-tokens")
+        check_int(self.seed, "seed", minimum=0, option="--seed")
+        check_int(self.chunk, "chunk", minimum=1)
 
     def to_dict(self) -> dict:
         return asdict(self)

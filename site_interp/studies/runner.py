@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import pandas as pd
 
+from site_interp.checks import check_choice, check_int
 from site_interp.artifacts import provenance, write_json, write_text
 from site_interp.pipeline import TaskRun
 from site_interp.studies.patching import PatchConfig, PatchingResult, patching_sweep
@@ -57,6 +58,13 @@ class StudyConfig:
     """Permutations of the overlap null."""
     seed: int = 0
     """Seed of the null and the bootstraps."""
+
+    def __post_init__(self) -> None:
+        check_int(self.top_k, "top_k", minimum=1, none_ok=True, option="--top-k")
+        check_choice(self.cluster_metric, "cluster_metric", METRICS, option="--cluster-metric")
+        # with fewer than 19 permutations no p-value can fall below 0.05
+        check_int(self.n_perm, "n_perm", minimum=19, option="--n-perm")
+        check_int(self.seed, "seed", minimum=0, option="--seed")
 
     def to_dict(self) -> dict:
         return asdict(self)
