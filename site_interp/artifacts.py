@@ -3,26 +3,33 @@
 Every artifact ``NAME.safetensors`` has a sidecar ``NAME.json`` holding its *key* (model id, task
 fingerprint, the configs that determine it) and its provenance (seed, package versions, time).
 :func:`load_if_valid` returns the cached tensors when the key matches, ``None`` when there is no
-artifact, and raises :class:`ArtifactMismatchError` when an artifact made with another model or
-config is in the way, so nothing is ever silently reused or overwritten.
+artifact or it is damaged (truncated, unreadable, half-written, or failing its content checks:
+it is named in a warning and recomputed), and raises :class:`ArtifactMismatchError` when an
+artifact made with another model or config is in the way, so nothing is ever silently reused
+or overwritten. Every file is written atomically (:func:`write_atomic`).
 """
 
 from __future__ import annotations
 
 import importlib.metadata
 import json
+import logging
 import os
 import platform
 import re
 import tempfile
 import time
+import uuid
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors import safe_open
+from safetensors.torch import save_file
 
 from site_interp.errors import UserError
+
+log = logging.getLogger(__name__)
 
 _UMASK = os.umask(0)
 os.umask(_UMASK)
@@ -51,7 +58,10 @@ def provenance(seed: int | None = None) -> dict[str, Any]:
 
 def slug(text: str) -> str:
     """A file-system-safe name (``google/gemma-3-270m`` -> ``google--gemma-3-270m``)."""
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", text.replace("/", "--")).strip("-") or "x"
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", text.replace("/", "--")).strip("-")
+    # never a hidden name or a path step ("..", "."): artifacts stay inside their parent directory
+    name = re.sub(r"^\.+", lambda m: "_" * len(m.group()), name)
+    return name or "x"
 
 
 def write_atomic(path: str | Path, write: Callable[[str], Any]) -> Path:
@@ -70,6 +80,17 @@ def write_atomic(path: str | Path, write: Callable[[str], Any]) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def remove_stale_temporaries(directory: str | Path) -> int:
+    """Delete the temporary files of :func:`write_atomic` that a killed process left in
+    ``directory`` (never a finished file); returns how many."""
+    directory = Path(directory)
+    # ours end in .tmp; safetensors' own writer leaves .tmpXXXXXX
+    stale = [*directory.glob(".*.tmp"), *directory.glob(".tmp?*")] if directory.is_dir() else []
+    for tmp in stale:
+        tmp.unlink(missing_ok=True)
+    return len(stale)
 
 
 def write_json(path: str | Path, obj: Any) -> Path:
@@ -104,11 +125,16 @@ def save_artifact(
     path: str | Path, tensors: Mapping[str, torch.Tensor], key: Mapping[str, Any], info: Mapping[str, Any] | None = None,
     *, seed: int | None = None,
 ) -> Path:
-    """Save ``tensors`` to ``path`` (``.safetensors``) and key/provenance/info to its sidecar JSON."""
+    """Save ``tensors`` to ``path`` (``.safetensors``) and key/provenance/info to its sidecar JSON.
+
+    Both files carry the same random write id, so a reader can tell a pair written together
+    from tensors of one write beside the sidecar of an earlier one (a kill between the two)."""
     path = Path(path)
     data = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
-    write_atomic(path, lambda tmp: save_file(data, tmp, metadata={"key": json.dumps(key, sort_keys=True, default=_jsonable)}))
-    write_json(path.with_suffix(".json"), {"key": dict(key), "provenance": provenance(seed), **(info or {})})
+    write = uuid.uuid4().hex
+    metadata = {"key": json.dumps(key, sort_keys=True, default=_jsonable), "write": write}
+    write_atomic(path, lambda tmp: save_file(data, tmp, metadata=metadata))
+    write_json(path.with_suffix(".json"), {"key": dict(key), "write": write, "provenance": provenance(seed), **(info or {})})
     return path
 
 
@@ -137,25 +163,93 @@ def save_json_artifact(path: str | Path, key: Mapping[str, Any], payload: Mappin
     return write_json(path, {"key": dict(key), "provenance": provenance(seed), **payload})
 
 
-def load_json_if_valid(path: str | Path, key: Mapping[str, Any]) -> dict | None:
-    """A JSON artifact whose key equals ``key``; ``None`` if absent; :class:`ArtifactMismatchError` otherwise."""
-    path = Path(path)
-    if not path.exists():
-        return None
-    data = read_json(path)
-    _check_key(path, data.get("key", {}), key)
+class DamagedArtifact(Exception):
+    """An artifact that cannot be read or fails its checks (internal: it is recomputed)."""
+
+
+def _damaged(path: Path, reason: str) -> None:
+    log.warning("%s is damaged (%s): recomputing it", path, reason)
+
+
+def _read_json_object(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise DamagedArtifact(f"unreadable JSON: {err}") from err
+    if not isinstance(data, dict) or not isinstance(data.get("key"), dict):
+        raise DamagedArtifact("no 'key' object in the sidecar")
     return data
 
 
-def load_if_valid(path: str | Path, key: Mapping[str, Any]) -> tuple[dict[str, torch.Tensor], dict] | None:
-    """The tensors and sidecar of a cached artifact whose key equals ``key``; ``None`` if absent.
+def load_json_if_valid(
+    path: str | Path, key: Mapping[str, Any], check: Callable[[dict], None] | None = None
+) -> dict | None:
+    """A JSON artifact whose key equals ``key``; ``None`` if absent or damaged (logged, so it is
+    recomputed); :class:`ArtifactMismatchError` when it was made with other settings.
+    ``check(data)`` may raise :class:`DamagedArtifact` for content that cannot be right."""
+    path = Path(path)
+    if not path.exists():
+        return None
+    try:
+        data = _read_json_object(path)
+        _check_key(path, data["key"], key)
+        if check is not None:
+            check(data)
+    except DamagedArtifact as err:
+        _damaged(path, str(err))
+        return None
+    return data
 
-    Raises :class:`ArtifactMismatchError` naming the differences when the key differs.
+
+def load_if_valid(
+    path: str | Path, key: Mapping[str, Any],
+    check: Callable[[dict[str, torch.Tensor], dict], None] | None = None,
+) -> tuple[dict[str, torch.Tensor], dict] | None:
+    """The tensors and sidecar of a cached artifact whose key equals ``key``.
+
+    ``None`` when there is none, or when it is damaged: a truncated or unreadable file, a sidecar
+    that is not JSON or lacks its key, tensors and sidecar from two different writes, or content
+    that ``check(tensors, meta)`` rejects (raising :class:`DamagedArtifact`). A damaged artifact
+    is named in a warning and recomputed by the caller, never a dead end. Raises
+    :class:`ArtifactMismatchError` naming the differences when it was made with other settings.
     """
     path = Path(path)
     sidecar = path.with_suffix(".json")
-    if not path.exists() or not sidecar.exists():
+    if not path.exists() and not sidecar.exists():
         return None
-    meta = read_json(sidecar)
-    _check_key(path, meta.get("key", {}), key)
-    return load_file(str(path)), meta
+    try:
+        if not path.exists() or not sidecar.exists():
+            raise DamagedArtifact(f"{(sidecar if path.exists() else path).name} is missing")
+        meta = _read_json_object(sidecar)
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                stored = (f.metadata() or {}).get("key")
+                write = (f.metadata() or {}).get("write")
+                tensors = {name: f.get_tensor(name) for name in f.keys()}
+        except Exception as err:  # safetensors raises its own error types for truncated or foreign files
+            raise DamagedArtifact(f"unreadable tensors: {err}") from err
+        if (stored is None or json.loads(stored) != json.loads(json.dumps(meta["key"], default=_jsonable))
+                or write != meta.get("write")):  # artifacts from before write ids have neither
+            raise DamagedArtifact("tensors and sidecar come from different writes")
+        _check_key(path, meta["key"], key)
+        if check is not None:
+            check(tensors, meta)
+    except DamagedArtifact as err:
+        _damaged(path, str(err))
+        return None
+    return tensors, meta
+
+
+def check_tensor(tensors: Mapping[str, torch.Tensor], name: str, shape: tuple[int | None, ...],
+                 low: float | None = None, high: float | None = None) -> None:
+    """Raise :class:`DamagedArtifact` unless ``tensors[name]`` exists, has ``shape`` (None: any
+    size on that axis), is finite and lies in ``[low, high]``."""
+    t = tensors.get(name)
+    if t is None:
+        raise DamagedArtifact(f"no tensor {name!r}")
+    if t.dim() != len(shape) or any(want is not None and got != want for got, want in zip(t.shape, shape)):
+        raise DamagedArtifact(f"{name} has shape {tuple(t.shape)}, expected {tuple(shape)}")
+    if not torch.isfinite(t).all():
+        raise DamagedArtifact(f"{name} holds NaN or infinite values")
+    if (low is not None and t.min() < low) or (high is not None and t.max() > high):
+        raise DamagedArtifact(f"{name} lies outside [{low}, {high}]")

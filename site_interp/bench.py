@@ -63,6 +63,7 @@ def config_from_bench_args(args: argparse.Namespace) -> ComparisonConfig:
 def body(args: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
     t0 = time.perf_counter()
     tasks = cli.tasks_from_args(args)
+    cli.check_output_dir(args.out)
     cfg = config_from_bench_args(args)
     bridge = cli.load_from_args(args)
     tables = compare_methods(bridge, tasks, cfg, args.out, progress=not args.quiet, compute=not args.report_only)

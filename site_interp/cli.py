@@ -12,7 +12,9 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
 import torch
@@ -104,6 +106,20 @@ def load_from_args(args: argparse.Namespace, *, announce: bool = True) -> Transf
     return bridge
 
 
+def check_output_dir(out: str | Path) -> Path:
+    """``--out`` as a writable directory (created if missing), checked before any work is done."""
+    path = Path(out).expanduser()
+    if path.exists() and not path.is_dir():
+        raise UserError(f"--out {out} is a file; give a directory for the artifacts")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".write-test-"):
+            pass
+    except OSError as err:
+        raise UserError(f"--out {out} cannot be written ({err.strerror}); choose a directory you can write to") from None
+    return path
+
+
 def run_command(
     parser: argparse.ArgumentParser, body: Callable[[argparse.Namespace], int], argv: Sequence[str] | None = None
 ) -> int:
@@ -116,6 +132,10 @@ def run_command(
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("interrupted: finished artifacts and the training checkpoint are saved; run the same command "
+              "again to resume", file=sys.stderr)
+        return 130
 
 
 __all__ = [
@@ -123,6 +143,7 @@ __all__ = [
     "add_model_args",
     "add_pipeline_args",
     "add_task_args",
+    "check_output_dir",
     "config_from_args",
     "load_from_args",
     "run_command",

@@ -26,6 +26,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from site_interp.checks import check_int
+from site_interp.errors import ConfigError
 from site_interp.generation import greedy_generate
 from site_interp.hooks import HookFn, Hooks, injection_hooks
 from site_interp.loading import model_context
@@ -191,6 +192,12 @@ def evaluate(
                 bridge.tokenizer, queries, n_shots=m.n_shots, demo_pool=task.train, seed=config.seed,
                 template=template, max_length=model_context(bridge), task=task.name,
             )
+    context = model_context(bridge)
+    longest = max(len(ids) for b in batches.values() for ids in b.token_ids)
+    if config.exact_match and context is not None and longest + config.max_new_tokens > context:
+        raise ConfigError(f"{task.name}: the longest prompt has {longest} tokens, and {config.max_new_tokens} new tokens "
+                          f"(--max-new-tokens) would run past the model's context of {context}; lower "
+                          "--max-new-tokens or --n-shots")
     zero = batches.get(0)
     # 0-shot methods share one prefix cache (only needed for first-token scoring)
     prefix = prefix_cache_for(bridge, [zero.token_ids], fast=not config.exact_match) if zero is not None else None

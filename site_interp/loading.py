@@ -269,6 +269,26 @@ class LoadedModelInfo:
     """True when this load converted GGUF weights (the slow first load)."""
 
 
+def _check_hub_reachable(repo_id: str, timeout: float = 3.0) -> None:
+    """Refuse at once, with what to do, a hub id that is neither in the local Hugging Face cache
+    nor downloadable (offline), instead of a minute of retries and an OSError."""
+    from huggingface_hub import try_to_load_from_cache
+
+    if isinstance(try_to_load_from_cache(repo_id, "config.json"), str):
+        return  # cached: transformers can load it offline
+    advice = (f"download it on a machine with a network (huggingface-cli download {repo_id} --local-dir DIR), "
+              "copy DIR here and pass --model DIR")
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
+        raise ModelError(f"{repo_id!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set; {advice}")
+    import socket
+
+    try:
+        socket.create_connection(("huggingface.co", 443), timeout=timeout).close()
+    except OSError:
+        raise ModelError(f"{repo_id!r} is a hub id, but the Hugging Face Hub cannot be reached from here "
+                         f"(offline?); {advice}") from None
+
+
 def _resolve_source(name: str) -> tuple[str, str, bool]:
     """Return (path_or_id for from_pretrained, model id for artifacts, converted?)."""
     if name in EMBEDDED_MODELS:
@@ -284,7 +304,15 @@ def _resolve_source(name: str) -> tuple[str, str, bool]:
                 "directory (save one with model.save_pretrained(dir) and tokenizer.save_pretrained(dir))"
             )
         return str(path), str(path.resolve()), False
-    if "/" in name and not name.startswith((".", "/", "~")):
+    if path.exists():
+        raise ModelError(f"{path} is a file; --model takes a model directory (the folder holding config.json, "
+                         "the weights and the tokenizer), an embedded model name or a hub id")
+    first = Path(name.split("/")[0]).expanduser()
+    if name.startswith((".", "/", "~")) or ("/" in name and (len(name.split("/")) != 2 or first.is_dir())):
+        raise ModelError(f"no model directory {path} (it does not exist); check the path, or give an embedded "
+                         f"model ({', '.join(EMBEDDED_MODELS)}) or a hub id like 'org/name'")
+    if "/" in name:
+        _check_hub_reachable(name)
         return name, name, False  # a hub id: needs a network (or the local HF cache)
     raise ModelError(
         f"unknown model {name!r}. Available offline: {', '.join(available_models())}; "
@@ -333,8 +361,12 @@ def load_model(
             load_in_4bit=True, bnb_4bit_compute_dtype=dtype
         )
         kwargs.setdefault("device_map", "auto")
-    tok = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
-    hf = AutoModelForCausalLM.from_pretrained(source, **kwargs)
+    try:
+        tok = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
+        hf = AutoModelForCausalLM.from_pretrained(source, **kwargs)
+    except (OSError, ValueError) as err:
+        raise ModelError(f"{name}: could not load a model from it ({str(err).splitlines()[0]}); a model directory "
+                         "needs config.json, the weights (*.safetensors) and the tokenizer files") from err
     if not getattr(hf.config, "architectures", None):
         hf.config.architectures = [type(hf).__name__]
     boot_kwargs: dict = {"hf_model": hf, "tokenizer": tok, "dtype": dtype}

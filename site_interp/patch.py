@@ -73,6 +73,7 @@ def _headline(result) -> str:
 def body(args: argparse.Namespace) -> int:
     progress = not args.quiet
     tasks = cli.tasks_from_args(args)
+    cli.check_output_dir(args.out)
     run_cfg = cli.config_from_args(args)
     study_cfg = StudyConfig(
         patch=PatchConfig(ks=tuple(args.ks) if args.ks else None, modes=tuple(args.modes), n_random=args.n_random,

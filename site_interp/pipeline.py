@@ -18,10 +18,23 @@ from typing import TYPE_CHECKING
 import pandas as pd
 import torch
 
-from site_interp.artifacts import load_if_valid, provenance, read_json, save_artifact, slug, write_json, write_text
+from site_interp.artifacts import (
+    DamagedArtifact,
+    check_tensor,
+    load_if_valid,
+    provenance,
+    read_json,
+    remove_stale_temporaries,
+    save_artifact,
+    slug,
+    write_json,
+    write_text,
+)
 from site_interp.embeddings import EmbeddingConfig, TaskEmbedding, compute_task_embedding
 from site_interp.evaluation import EvalConfig, TaskEvaluation, evaluate, standard_methods
+from site_interp.prompts import has_whitespace_lead
 from site_interp.tasks.core import Task
+from site_interp.trainer import Checkpoint
 from site_interp.training import SiteConfig, SiteResult, train_site_many
 
 if TYPE_CHECKING:
@@ -93,9 +106,23 @@ def alpha_key(model: TransformerBridge | str, task: Task, cfg: RunConfig) -> dic
     return {**embedding_key(model, task, cfg), "site": cfg.site.result_key()}
 
 
+def _shape(model: TransformerBridge | str) -> tuple[int | None, int | None, int | None]:
+    """(layers, heads, d_head) of a bridge; unknown (None) for a bare model id."""
+    if isinstance(model, str):
+        return None, None, None
+    return model.cfg.n_layers, model.cfg.n_heads, model.cfg.d_head
+
+
 def load_embedding(model: TransformerBridge | str, task: Task, cfg: RunConfig, directory: Path) -> TaskEmbedding | None:
-    """The task embedding saved in ``directory`` if it was made with these settings, else None."""
-    cached = load_if_valid(directory / "embedding.safetensors", embedding_key(model, task, cfg))
+    """The task embedding saved in ``directory`` if it was made with these settings, else None
+    (also when it is damaged: wrong shape for this model, NaNs... it is then recomputed)."""
+
+    def check(tensors: dict, meta: dict) -> None:
+        check_tensor(tensors, "t", _shape(model))
+        if "resid" in tensors:
+            check_tensor(tensors, "resid", (_shape(model)[0], None))
+
+    cached = load_if_valid(directory / "embedding.safetensors", embedding_key(model, task, cfg), check)
     if cached is None:
         return None
     tensors, meta = cached
@@ -120,9 +147,26 @@ def get_embedding(bridge: TransformerBridge, task: Task, cfg: RunConfig, directo
     return emb, True
 
 
+ANSWER_TOKEN_RULE = 2
+"""Recorded with trained alphas: 2 = targets are the answer's first token that carries content
+(:func:`~site_interp.prompts.answer_start`). Alphas trained before (no record) on a task where some
+answer starts with a whitespace-only token were trained on a bare space target; they are recomputed."""
+
+
 def load_alphas(model: TransformerBridge | str, task: Task, cfg: RunConfig, directory: Path) -> SiteResult | None:
-    """The trained alphas saved in ``directory`` if they were made with these settings, else None."""
-    cached = load_if_valid(directory / "alphas.safetensors", alpha_key(model, task, cfg))
+    """The trained alphas saved in ``directory`` if they were made with these settings, else None
+    (also when they are damaged: wrong shape, NaN or outside [0, 1], an incomplete sidecar...)."""
+
+    def check(tensors: dict, meta: dict) -> None:
+        check_tensor(tensors, "alpha", _shape(model)[:2], low=0.0, high=1.0)
+        if not isinstance(meta.get("best_step"), int) or not isinstance(meta.get("history"), list) \
+                or not isinstance(meta.get("best_valid_loss"), (int, float)):
+            raise DamagedArtifact("the sidecar lacks best_step, best_valid_loss or history")
+        if meta.get("answer_token_rule") != ANSWER_TOKEN_RULE and not isinstance(model, str) and has_whitespace_lead(
+                model.tokenizer, task.train[:1000] + task.valid[: cfg.site.n_valid or len(task.valid)]):
+            raise DamagedArtifact("trained before answers starting with a space-only token got a content target")
+
+    cached = load_if_valid(directory / "alphas.safetensors", alpha_key(model, task, cfg), check)
     if cached is None:
         return None
     tensors, meta = cached
@@ -137,7 +181,7 @@ def save_alphas(model: TransformerBridge | str, task: Task, cfg: RunConfig, dire
     save_artifact(
         directory / "alphas.safetensors", {"alpha": res.alpha}, alpha_key(model, task, cfg),
         {"best_step": res.best_step, "best_valid_loss": res.best_valid_loss, "history": res.history,
-         "seconds": res.seconds, "n_selected": res.n_selected},
+         "seconds": res.seconds, "n_selected": res.n_selected, "answer_token_rule": ANSWER_TOKEN_RULE},
         seed=cfg.site.seed,
     )
 
@@ -154,6 +198,10 @@ def run_tasks(
     ``evaluate_methods=False`` stops after training (the runs then carry an empty evaluation).
     """
     dirs = [task_dir(out, bridge, task) if out is not None else None for task in tasks]
+    if out is not None:  # what a killed run was writing when it died
+        root = Path(out) / slug(model_id(bridge))
+        for directory in [root, root / ".checkpoints", *dirs]:
+            remove_stale_temporaries(directory)
     timings: list[dict[str, float]] = [{} for _ in tasks]
     embs = []
     for k, task in enumerate(tasks):
@@ -162,6 +210,18 @@ def run_tasks(
         embs.append(emb)
     sites: list[SiteResult | None] = [load_alphas(bridge, task, cfg, d) if d else None for task, d in zip(tasks, dirs)]
     todo = [k for k, s in enumerate(sites) if s is None]
+    checkpoints = Path(out) / slug(model_id(bridge)) / ".checkpoints" if out is not None else None
+    if checkpoints is not None:
+        # a group killed while its alphas were being saved trains again as that group (resuming its
+        # checkpoint), so every task gets exactly the alphas of an uninterrupted run
+        names = {task.name: k for k, task in enumerate(tasks)}
+        for group, checkpoint in Checkpoint.unfinished_groups(checkpoints):
+            if not set(group) <= set(names):
+                continue
+            if any(names[n] in todo for n in group):
+                todo = sorted(set(todo) | {names[n] for n in group})
+            else:  # every result was saved, only the clean-up was missed
+                checkpoint.remove()
     if todo:
         torch.manual_seed(cfg.site.seed)
 
@@ -173,7 +233,8 @@ def run_tasks(
                     save_alphas(bridge, tasks[k], cfg, dirs[k], res)
 
         train_site_many(bridge, [tasks[k] for k in todo], [embs[k] for k in todo], cfg.site, progress=progress,
-                        on_group=save_group)
+                        on_group=save_group, checkpoint_dir=checkpoints,
+                        checkpoint_key={"model_id": model_id(bridge)})
     runs = []
     for k, task in enumerate(tasks):
         site = sites[k]

@@ -4,7 +4,9 @@ A 0-shot prompt is ``"Q: {input}\\nA:"``; an N-shot prompt puts N demonstrations
 ``"Q: {input}\\nA: {output}\\n\\n"`` before it. The answer follows the prompt with a leading space,
 except purely numeric answers (numbers tokenize as a bare space and then digits, so with a space
 the "first answer token" would be the space alone). The first answer token is computed in context:
-tokenize prompt + answer and take the first token after the prompt's tokens.
+tokenize prompt + answer and take the first token after the prompt's tokens that carries content;
+answer tokens before it that are whitespace only (a space piece before an emoji) end the prompt
+(:func:`answer_start`).
 
 Token ids always start with the tokenizer's BOS token when it has one (see :mod:`site_interp.loading`).
 """
@@ -94,17 +96,41 @@ def encode(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
     return _bos(tokenizer) + tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
-def first_answer_token(tokenizer: PreTrainedTokenizerBase, prompt: str, answer: str, *, task: str = "task") -> int:
-    """The first token of ``answer`` as the model sees it right after ``prompt``."""
+def answer_start(
+    tokenizer: PreTrainedTokenizerBase, prompt: str, answer: str, *, task: str = "task"
+) -> tuple[list[int], int]:
+    """Where the answer starts carrying content, as the model sees it right after ``prompt``.
+
+    Returns ``(lead, target)``: the answer's leading tokens that decode to whitespace only (a bare
+    space piece before an emoji, a flag, a symbol...; usually none) and the first token after them.
+    SITE scores ``target`` at the last prompt token, so ``lead`` belongs to the prompt: a target
+    that is a space would be the same for every answer and say nothing about it. (Purely numeric
+    answers avoid the space altogether: :attr:`PromptTemplate.no_space_before_numbers`.)
+    """
     p = tokenizer(prompt, add_special_tokens=False)["input_ids"]
     full = tokenizer(prompt + answer, add_special_tokens=False)["input_ids"]
     if len(full) > len(p) and full[: len(p)] == p:
-        return full[len(p)]
-    # the tokenizer merged across the boundary: fall back to the answer tokenized on its own
-    alone = tokenizer(answer, add_special_tokens=False)["input_ids"]
-    if not alone:
-        raise TaskError(f"{task}: the answer {answer!r} tokenizes to nothing; fix the example or the template")
-    return alone[0]
+        rest = full[len(p):]
+    else:  # the tokenizer merged across the boundary: the answer tokenized on its own
+        rest = tokenizer(answer, add_special_tokens=False)["input_ids"]
+    k = 0
+    while k < len(rest) and not tokenizer.decode(rest[k : k + 1]).strip():
+        k += 1
+    if k == len(rest):
+        raise TaskError(f"{task}: the answer {answer!r} tokenizes to whitespace only; fix the example or the template")
+    return rest[:k], rest[k]
+
+
+def first_answer_token(tokenizer: PreTrainedTokenizerBase, prompt: str, answer: str, *, task: str = "task") -> int:
+    """The first token of ``answer`` that carries content, right after ``prompt`` (see :func:`answer_start`)."""
+    return answer_start(tokenizer, prompt, answer, task=task)[1]
+
+
+def has_whitespace_lead(
+    tokenizer: PreTrainedTokenizerBase, examples: Sequence[Example], template: PromptTemplate = DEFAULT_TEMPLATE
+) -> bool:
+    """Whether some example's 0-shot answer starts with whitespace-only tokens (:func:`answer_start`)."""
+    return any(answer_start(tokenizer, template.prompt(e), template.answer_text(e["output"]))[0] for e in examples)
 
 
 def build_prompts(
@@ -132,7 +158,10 @@ def build_prompts(
         if relabel is not None:
             demos = relabel(demos, rng)
         text = template.prompt(q, demos)
-        toks = encode(tokenizer, text)
+        lead, target = answer_start(tokenizer, text, template.answer_text(q["output"]), task=task)
+        toks = encode(tokenizer, text) + lead
+        if lead:
+            text += tokenizer.decode(lead)
         if max_length is not None and len(toks) + 1 > max_length:
             raise TaskError(
                 f"{task}: a {n_shots}-shot prompt has {len(toks)} tokens, over the model's context of "
@@ -140,7 +169,7 @@ def build_prompts(
             )
         texts.append(text)
         targets.append(q["output"])
-        target_ids.append(first_answer_token(tokenizer, text, template.answer_text(q["output"]), task=task))
+        target_ids.append(target)
         ids.append(toks)
     return PromptBatch(texts=texts, targets=targets, target_ids=torch.tensor(target_ids, dtype=torch.long), token_ids=ids)
 
@@ -209,7 +238,9 @@ __all__ = [
     "PromptTemplate",
     "build_prompts",
     "encode",
+    "answer_start",
     "first_answer_token",
+    "has_whitespace_lead",
     "icl_prompt_batch",
     "left_pad",
     "pad_id",

@@ -48,6 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def body(args: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
     tasks = cli.tasks_from_args(args)
+    cli.check_output_dir(args.out)
     cfg = cli.config_from_args(args)
     t0 = time.perf_counter()
     bridge = cli.load_from_args(args)

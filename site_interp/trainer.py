@@ -8,8 +8,11 @@ tasks in one loop (one loss per task; each task keeps its own best), LoRA one.
 
 from __future__ import annotations
 
+import json
+import logging
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import pandas as pd
@@ -18,7 +21,10 @@ from jaxtyping import Float
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from site_interp.artifacts import ArtifactMismatchError, load_if_valid, save_artifact
 from site_interp.errors import TrainingDivergedError
+
+log = logging.getLogger(__name__)
 
 
 def step_schedule(n: int, steps: int, batch_size: int, seed: int) -> list[list[int]]:
@@ -59,6 +65,83 @@ class Best:
     state: Any
 
 
+class Checkpoint:
+    """Where a training run saves its progress at every validation, so an interrupted run
+    (Ctrl-C, a killed process) resumes at its last validated step with exactly the state it had:
+    the parameters, Adam's moments and step counts, each task's best-so-far state and history.
+
+    ``key`` says what is being trained (model, tasks, settings, inputs); a checkpoint made for
+    anything else is ignored and overwritten. Saved through :func:`~site_interp.artifacts.save_artifact`
+    (atomic; damaged files are ignored), removed by :meth:`remove` once the result is saved.
+    """
+
+    def __init__(self, path: str | Path, key: dict):
+        self.path = Path(path)
+        self.key = key
+
+    def save(self, step: int, params: Sequence[Tensor], opt: torch.optim.Optimizer, best: list[Best],
+             histories: list[list[dict]]) -> None:
+        tensors = {f"param.{i}": p.detach() for i, p in enumerate(params)}
+        state = opt.state_dict()
+        for i, st in state["state"].items():
+            for name, value in st.items():
+                tensors[f"adam.{i}.{name}"] = torch.as_tensor(value)
+        for k, b in enumerate(best):
+            items = b.state.items() if isinstance(b.state, dict) else [("", b.state)]
+            for name, value in items:
+                tensors[f"best.{k}.{name}"] = value
+        info = {"step": step, "best": [{"loss": b.loss, "step": b.step, "dict": isinstance(b.state, dict)} for b in best],
+                "histories": histories}
+        save_artifact(self.path, tensors, self.key, info)
+
+    def load(self, params: Sequence[Tensor], opt: torch.optim.Optimizer, n_tasks: int) -> tuple[int, list[Best], list[list[dict]]] | None:
+        """Restore ``params`` and ``opt`` in place; returns (step, best, histories), or None when
+        there is no checkpoint of this training."""
+        try:
+            cached = load_if_valid(self.path, self.key)
+        except ArtifactMismatchError:
+            return None  # another training's checkpoint: it is overwritten at the next validation
+        if cached is None:
+            return None
+        tensors, meta = cached
+        if len(meta.get("best", [])) != n_tasks or len(meta.get("histories", [])) != n_tasks:
+            return None
+        with torch.no_grad():
+            for i, p in enumerate(params):
+                p.copy_(tensors[f"param.{i}"])
+        state = opt.state_dict()
+        for i in range(len(params)):
+            prefix = f"adam.{i}."
+            state["state"][i] = {name[len(prefix):]: t for name, t in tensors.items() if name.startswith(prefix)}
+        opt.load_state_dict(state)
+        best = []
+        for k, b in enumerate(meta["best"]):
+            prefix = f"best.{k}."
+            if b["dict"]:
+                value = {name[len(prefix):]: t for name, t in tensors.items() if name.startswith(prefix)}
+            else:
+                value = tensors[prefix]
+            best.append(Best(b["loss"], b["step"], value))
+        return meta["step"], best, meta["histories"]
+
+    @staticmethod
+    def unfinished_groups(directory: str | Path) -> list[tuple[list[str], Checkpoint]]:
+        """Task names and checkpoint of every training group with a checkpoint in ``directory``:
+        groups whose results were not all saved (a checkpoint is removed only after that)."""
+        groups = []
+        for sidecar in Path(directory).glob("site-*.json"):
+            try:
+                key = json.loads(sidecar.read_text())["key"]
+                groups.append(([name for name, _ in key["tasks"]], Checkpoint(sidecar.with_suffix(".safetensors"), key)))
+            except (OSError, ValueError, KeyError, TypeError):
+                continue  # damaged: ignored, as load() would
+        return groups
+
+    def remove(self) -> None:
+        self.path.unlink(missing_ok=True)
+        self.path.with_suffix(".json").unlink(missing_ok=True)
+
+
 def train_keep_best(
     params: Sequence[Tensor],
     train_losses: Callable[[int], Float[Tensor, " task"]],
@@ -75,6 +158,7 @@ def train_keep_best(
     hint: str = "lower the learning rate",
     desc: str = "training",
     progress: bool = True,
+    checkpoint: Checkpoint | None = None,
 ) -> tuple[list[Best], list[list[dict]]]:
     """Adam on ``params`` for ``steps`` steps; returns each task's best state and history.
 
@@ -83,7 +167,8 @@ def train_keep_best(
     are disjoint); ``valid_losses()`` one validation loss per task; ``snapshot(k)`` the state of
     task ``k`` worth keeping. ``validate_first`` also validates the initial state (step 0).
     A loss that is not finite raises :class:`~site_interp.errors.TrainingDivergedError` naming
-    the tasks and ``hint``.
+    the tasks and ``hint``. With a ``checkpoint`` the state is saved at every validation and a
+    run resumes from it: the result is the same as an uninterrupted run's, bit for bit.
     """
     n_tasks = len(names)
     best = [Best(math.inf, 0, snapshot(k)) for k in range(n_tasks)]
@@ -98,14 +183,20 @@ def train_keep_best(
                 best[k] = Best(float(v[k]), step, snapshot(k))
         return v
 
-    if validate_first:
+    opt = torch.optim.Adam(list(params), lr=lr)
+    resumed = checkpoint.load(params, opt, n_tasks) if checkpoint is not None else None
+    first = 1
+    if resumed is not None:
+        done, best, histories = resumed
+        first = done + 1
+        log.info("resuming %s at step %d from %s", ", ".join(names), first, checkpoint.path)
+    elif validate_first:
         start = [{"step": 0} for _ in range(n_tasks)]
         validate(0, start)
         for k in range(n_tasks):
             histories[k].append(start[k])
-    opt = torch.optim.Adam(list(params), lr=lr)
     label = ", ".join(names)
-    bar = tqdm(range(1, steps + 1), desc=f"{desc} {label}"[:60], disable=not progress, leave=False)
+    bar = tqdm(range(first, steps + 1), desc=f"{desc} {label}"[:60], disable=not progress, leave=False)
     for step in bar:
         with torch.enable_grad():
             task_loss = train_losses(step)
@@ -117,15 +208,18 @@ def train_keep_best(
             total.backward()
         opt.step()
         rows = [{"step": step, "train_loss": float(task_loss[k].detach())} for k in range(n_tasks)]
-        if step % eval_every == 0 or step == steps:
+        validating = step % eval_every == 0 or step == steps
+        if validating:
             v = validate(step, rows)
             bar.set_postfix(valid=f"{float(v.mean()):.3f}")
         for k in range(n_tasks):
             histories[k].append(rows[k])
+        if validating and checkpoint is not None:
+            checkpoint.save(step, params, opt, best, histories)
     for k in range(n_tasks):
         if not math.isfinite(best[k].loss):
             raise TrainingDivergedError(f"{names[k]}: the validation loss is {best[k].loss}; {hint}")
     return best, histories
 
 
-__all__ = ["Best", "FitResult", "step_schedule", "train_keep_best"]
+__all__ = ["Best", "Checkpoint", "FitResult", "step_schedule", "train_keep_best"]

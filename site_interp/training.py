@@ -13,8 +13,11 @@ Two equivalent execution paths (same alphas up to float rounding, see tests):
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
 import torch
@@ -28,7 +31,7 @@ from site_interp.prefix_cache import prefix_cache_bytes
 from site_interp.prompts import DEFAULT_TEMPLATE, PromptTemplate, encode, zero_shot_batch
 from site_interp.scoring import LastTokenScorer
 from site_interp.tasks.core import Task
-from site_interp.trainer import FitResult, step_schedule, train_keep_best
+from site_interp.trainer import Checkpoint, FitResult, step_schedule, train_keep_best
 
 if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge
@@ -124,6 +127,8 @@ def train_site_many(
     progress: bool = True,
     max_cache_gib: float = 8.0,
     on_group: Callable[[list[int], list[SiteResult]], None] | None = None,
+    checkpoint_dir: str | Path | None = None,
+    checkpoint_key: dict | None = None,
 ) -> list[SiteResult]:
     """Train the alphas of several tasks at once, each on its own rows of one shared batch.
 
@@ -133,15 +138,32 @@ def train_site_many(
     separately (up to float rounding) while every weight read serves all tasks. Tasks are
     trained in groups whose prefix caches fit in ``max_cache_gib``; ``on_group(indices, results)``
     is called as each group finishes (e.g. to save its alphas, so an interrupted run keeps them).
+    With ``checkpoint_dir``, each group also saves its progress there at every validation and
+    resumes from it (:class:`~site_interp.trainer.Checkpoint`; ``checkpoint_key`` adds what the
+    caller knows, e.g. the model id); the checkpoint is removed after ``on_group``.
     """
     results: dict[int, SiteResult] = {}
     for group in _groups(bridge, tasks, config, max_cache_gib):
-        trained = _train_joint(bridge, [tasks[k] for k in group], [embeddings[k] for k in group], config,
-                               template=template, progress=progress, max_cache_gib=max_cache_gib)
+        members, embs = [tasks[k] for k in group], [embeddings[k] for k in group]
+        checkpoint = None
+        if checkpoint_dir is not None:
+            key = {**(checkpoint_key or {}), "tasks": [[t.name, t.fingerprint()] for t in members],
+                   "embeddings": [_tensor_hash(e.t if isinstance(e, TaskEmbedding) else e) for e in embs],
+                   "site": config.to_dict(), "template": asdict(template)}
+            name = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+            checkpoint = Checkpoint(Path(checkpoint_dir) / f"site-{name}.safetensors", key)
+        trained = _train_joint(bridge, members, embs, config, template=template, progress=progress,
+                               max_cache_gib=max_cache_gib, checkpoint=checkpoint)
         results.update(zip(group, trained))
         if on_group is not None:
             on_group(list(group), list(trained))
+        if checkpoint is not None:
+            checkpoint.remove()
     return [results[k] for k in range(len(tasks))]
+
+
+def _tensor_hash(t: Tensor) -> str:
+    return hashlib.sha256(t.detach().float().cpu().contiguous().numpy().tobytes()).hexdigest()[:16]
 
 
 def _groups(bridge: TransformerBridge, tasks: Sequence[Task], config: SiteConfig, max_cache_gib: float) -> list[list[int]]:
@@ -179,6 +201,7 @@ def _train_joint(
     template: PromptTemplate,
     progress: bool,
     max_cache_gib: float,
+    checkpoint: Checkpoint | None = None,
 ) -> list[SiteResult]:
     t0 = time.perf_counter()
     ts = torch.stack([e.t if isinstance(e, TaskEmbedding) else e for e in embeddings]).float()
@@ -216,6 +239,7 @@ def _train_joint(
         penalty=(lambda: config.sparsity * torch.sigmoid(logit).sum()) if config.sparsity else None,
         what="the SITE loss", desc="SITE", progress=progress,
         hint=f"lower the learning rate (--lr, now {config.lr}) or check the task embedding for NaNs",
+        checkpoint=checkpoint,
     )
     seconds = time.perf_counter() - t0
     return [

@@ -230,7 +230,7 @@ def test_tasks_build_prompts_with_tiny_tokenizer():
     for task in tasks:
         batch = build_prompts(tok, task.test, n_shots=2, demo_pool=task.train, task=task.name)
         assert len(batch) == len(task.test) == len(batch.target_ids)
-        assert batch.texts[0].endswith(task.test[0]["input"] + "\nA:")
+        assert batch.texts[0].rstrip(" ").endswith(task.test[0]["input"] + "\nA:")
 
 
 def test_resolve_tasks_accepts_hf_specs_and_explains_offline(monkeypatch):

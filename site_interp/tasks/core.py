@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,7 +92,15 @@ def validate_examples(data: object, where: str) -> list[Example]:
             value = item[key]
             if isinstance(value, bool) or not isinstance(value, (str, int, float)):
                 raise TaskError(f"{where}: example {i} has a non-text {key!r}: {value!r:.80}")
+            if isinstance(value, float) and not math.isfinite(value):
+                raise TaskError(f"{where}: example {i} has {key!r} {value} (a JSON NaN or Infinity, not text); "
+                                "write the value as a string")
             text = str(value).strip()
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:
+                raise TaskError(f"{where}: example {i} has a {key!r} that is not valid Unicode text (a lone "
+                                f"surrogate such as \\ud83d); fix the example") from None
             if not text:
                 raise TaskError(f"{where}: example {i} has an empty {key!r}; every example needs both")
             pair.append(text)
@@ -105,6 +114,18 @@ def validate_examples(data: object, where: str) -> list[Example]:
     if len(out) < len(data):
         log.warning("%s: dropped %d exact duplicate examples", where, len(data) - len(out))
     return out
+
+
+def check_splits(task: Task, where: str) -> None:
+    """Refuse a task whose test split is its train split (every held-out number would be
+    measured on training data); warn when many test inputs also occur in train."""
+    train = {e["input"] for e in task.train}
+    seen = sum(e["input"] in train for e in task.test)
+    if task.test and task.test == task.train:
+        raise TaskError(f"{where}: the test split is identical to the train split; held-out accuracy would be "
+                        "measured on training data. Give different examples to test.json")
+    if task.test and seen > 0.5 * len(task.test):
+        log.warning("%s: %d of %d test inputs also occur in train", where, seen, len(task.test))
 
 
 def guess_case_sensitive(examples: Iterable[Example]) -> bool:
@@ -125,8 +146,12 @@ def guess_case_sensitive(examples: Iterable[Example]) -> bool:
 def _read_json(path: Path) -> object:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as err:
+        raise TaskError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start}); save the file as UTF-8") from err
     except json.JSONDecodeError as err:
         raise TaskError(f"{path}: not valid JSON ({err}); fix or regenerate the file") from err
+    except OSError as err:
+        raise TaskError(f"{path}: cannot be read ({err.strerror})") from err
 
 
 def load_task(folder: str | Path) -> Task:
@@ -139,20 +164,26 @@ def load_task(folder: str | Path) -> Task:
             "train.json, valid.json and test.json (or use load_json_task for one file)"
         )
     splits = {s: validate_examples(_read_json(folder / f"{s}.json"), str(folder / f"{s}.json")) for s in SPLITS}
-    return Task(
+    task = Task(
         name=folder.name,
         source=str(folder),
         case_sensitive=guess_case_sensitive(splits["train"]),
         **splits,
     )
+    check_splits(task, str(folder))
+    return task
 
 
 def list_task_dir(root: str | Path) -> list[str]:
-    """Names of the task directories under ``root``."""
+    """Names of the task directories under ``root`` (at least one, or a :class:`TaskError`)."""
     root = Path(root)
     if not root.is_dir():
-        raise TaskError(f"{root}: no such task directory")
-    return sorted(p.name for p in root.iterdir() if p.is_dir() and (p / "train.json").exists())
+        raise TaskError(f"{root}: no such task directory (--data-dir)")
+    names = sorted(p.name for p in root.iterdir() if p.is_dir() and (p / "train.json").exists())
+    if not names:
+        raise TaskError(f"{root}: holds no task directories (<task>/train.json, valid.json, test.json); "
+                        "check --data-dir")
+    return names
 
 
 def load_task_dir(root: str | Path, names: Sequence[str] | None = None) -> dict[str, Task]:
@@ -166,7 +197,8 @@ def load_task_dir(root: str | Path, names: Sequence[str] | None = None) -> dict[
 
 
 def split_examples(
-    examples: Sequence[Example], seed: int = 0, fractions: tuple[float, float, float] = (0.7, 0.1, 0.2)
+    examples: Sequence[Example], seed: int = 0, fractions: tuple[float, float, float] = (0.7, 0.1, 0.2),
+    *, where: str = "the examples",
 ) -> dict[str, list[Example]]:
     """Shuffle with ``seed`` and split into train/valid/test by ``fractions``.
 
@@ -183,7 +215,8 @@ def split_examples(
     n_train = max(1, round(fractions[0] * n))
     n_valid = max(1, round(fractions[1] * n))
     if n_train + n_valid >= n:
-        raise TaskError(f"only {n} distinct inputs: too few to split into train/valid/test")
+        raise TaskError(f"{where}: only {n} distinct inputs, too few to split into train/valid/test "
+                        "(at least 3 are needed; a task needs many more to be learnable); add examples")
     parts = {"train": keys[:n_train], "valid": keys[n_train : n_train + n_valid], "test": keys[n_train + n_valid :]}
     return {s: [e for k in ks for e in by_input[k]] for s, ks in parts.items()}
 
@@ -196,7 +229,7 @@ def load_json_task(
     if not path.exists():
         raise TaskError(f"{path}: no such file")
     examples = validate_examples(_read_json(path), str(path))
-    splits = split_examples(examples, seed=seed, fractions=fractions)
+    splits = split_examples(examples, seed=seed, fractions=fractions, where=str(path))
     return Task(
         name=name or path.stem,
         source=str(path),
@@ -209,6 +242,7 @@ __all__ = [
     "Example",
     "Task",
     "TaskError",
+    "check_splits",
     "guess_case_sensitive",
     "list_task_dir",
     "load_json_task",
