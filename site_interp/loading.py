@@ -296,6 +296,11 @@ def _resolve_source(name: str) -> tuple[str, str, bool]:
         before = (embedded_weights_dir(name) / "site_interp_stamp.json").exists()
         path = prepare_embedded(name)
         return str(path), spec.hf_id, not before
+    return (*_local_or_hub(name, check_hub=True), False)
+
+
+def _local_or_hub(name: str, *, check_hub: bool) -> tuple[str, str]:
+    """(path or id for from_pretrained, model id for artifacts) of a local directory or hub id."""
     path = Path(name).expanduser()
     if path.is_dir():
         if not (path / "config.json").exists():
@@ -303,7 +308,7 @@ def _resolve_source(name: str) -> tuple[str, str, bool]:
                 f"{path} is a directory but has no config.json: it is not a Hugging Face model "
                 "directory (save one with model.save_pretrained(dir) and tokenizer.save_pretrained(dir))"
             )
-        return str(path), str(path.resolve()), False
+        return str(path), str(path.resolve())
     if path.exists():
         raise ModelError(f"{path} is a file; --model takes a model directory (the folder holding config.json, "
                          "the weights and the tokenizer), an embedded model name or a hub id")
@@ -312,13 +317,24 @@ def _resolve_source(name: str) -> tuple[str, str, bool]:
         raise ModelError(f"no model directory {path} (it does not exist); check the path, or give an embedded "
                          f"model ({', '.join(EMBEDDED_MODELS)}) or a hub id like 'org/name'")
     if "/" in name:
-        _check_hub_reachable(name)
-        return name, name, False  # a hub id: needs a network (or the local HF cache)
+        if check_hub:
+            _check_hub_reachable(name)
+        return name, name  # a hub id: needs a network (or the local HF cache)
     raise ModelError(
         f"unknown model {name!r}. Available offline: {', '.join(available_models())}; "
         "or pass a local Hugging Face model directory, or a hub id like 'meta-llama/Llama-3.1-8B' "
         "(needs a network)."
     )
+
+
+def resolve_model_id(name: str) -> str:
+    """The model id :func:`load_model` records for ``name`` in artifacts, without loading it
+    (e.g. a sweep's driver checks artifacts before any worker has the model)."""
+    if name in TINY_MODELS:
+        return f"site-interp/{name}-seed0"
+    if name in EMBEDDED_MODELS:
+        return EMBEDDED_MODELS[name].hf_id
+    return _local_or_hub(name, check_hub=False)[1]
 
 
 def load_model(

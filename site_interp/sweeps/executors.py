@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import torch
 
 from site_interp.errors import UserError
-from site_interp.loading import EMBEDDED_MODELS, TINY_MODELS, ModelError, load_model
+from site_interp.loading import ModelError, load_model, resolve_model_id
 from site_interp.pipeline import RunConfig, TaskRun, model_id, run_tasks
 from site_interp.sweeps.grid import Cell
 from site_interp.sweeps.placement import Placement
@@ -55,18 +55,12 @@ RAY_INSTALL = 'pip install -e ".[ray]"  (or: pip install "ray>=2.9")'
 
 def expected_model_id(name: str) -> str:
     """The model id that :func:`~site_interp.loading.load_model` gives ``name``, without loading
-    it: the driver checks artifacts before any worker has the model."""
-    if name in TINY_MODELS:
-        return f"site-interp/{name}-seed0"
-    if name in EMBEDDED_MODELS:
-        return EMBEDDED_MODELS[name].hf_id
-    path = Path(name).expanduser()
-    if path.is_dir():
-        return str(path.resolve())
-    if "/" in name and not name.startswith((".", "/", "~")):
-        return name
-    raise ModelError(f"unknown model {name!r} in --models: use an embedded or tiny model "
-                     f"({', '.join([*EMBEDDED_MODELS, *TINY_MODELS])}), a local Hugging Face directory, or a hub id")
+    it (:func:`~site_interp.loading.resolve_model_id`): the driver checks artifacts before any
+    worker has the model. Unknown models are a one-line error naming ``--models``."""
+    try:
+        return resolve_model_id(name)
+    except ModelError as err:
+        raise ModelError(f"--models: {err}") from None
 
 
 @dataclass
@@ -85,6 +79,12 @@ class CellJob:
     """The cell's finished runs (only sent when the study needs every task)."""
     study: StudyConfig | None = None
     """Run the study (patching, transfer, similarity, clustering) over the cell's tasks."""
+
+    def __post_init__(self) -> None:
+        names = [t.name for t in [*self.tasks, *self.done]]
+        stray = [n for n in names if n not in self.cell.tasks]
+        if stray or len(set(names)) != len(names):
+            raise ValueError(f"a job of cell {self.cell.key} must hold each of its tasks at most once, got {names}")
 
 
 @dataclass
@@ -147,22 +147,31 @@ class LocalExecutor:
 
     name = "local"
 
-    def __init__(self, placements: dict[str, Placement], *, progress: bool = False) -> None:
+    def __init__(self, placements: dict[str, Placement], *, set_threads: bool = False, progress: bool = False) -> None:
+        """``set_threads``: run each model with its placement's torch threads (``--cpus-per-model``);
+        otherwise torch's default (all cores)."""
         self.placements = placements
+        self.set_threads = set_threads
         self.progress = progress
 
     def run(self, jobs: Sequence[CellJob], on_start: OnStart, on_done: OnDone) -> None:
         models = list(dict.fromkeys(job.cell.model for job in jobs))
-        for model in models:
-            t0 = time.perf_counter()
-            bridge = _load(model, self.placements[model])
-            load_s = time.perf_counter() - t0
-            for job in (j for j in jobs if j.cell.model == model):
-                on_start(job)
-                outcome = compute_cell(bridge, job, progress=self.progress)
-                outcome.load_seconds, load_s = load_s, 0.0
-                on_done(job, outcome)
-            _free(bridge)
+        before = torch.get_num_threads()
+        try:
+            for model in models:
+                if self.set_threads:
+                    torch.set_num_threads(self.placements[model].threads)
+                t0 = time.perf_counter()
+                bridge = _load(model, self.placements[model])
+                load_s = time.perf_counter() - t0
+                for job in (j for j in jobs if j.cell.model == model):
+                    on_start(job)
+                    outcome = compute_cell(bridge, job, progress=self.progress)
+                    outcome.load_seconds, load_s = load_s, 0.0
+                    on_done(job, outcome)
+                _free(bridge)
+        finally:
+            torch.set_num_threads(before)
 
     def close(self) -> None:
         pass
@@ -230,6 +239,7 @@ class RayExecutor:
                                 "`ray start --head`, or leave out --address to start a local cluster") from err
             self.started = True
         self.placements: dict[str, Placement] = {}
+        self._remote: Any = None
 
     @property
     def available_gpus(self) -> int:
@@ -245,9 +255,11 @@ class RayExecutor:
         if p.num_cpus > self.available_cpus:
             raise UserError(f"--cpus-per-model gives {model} {p.num_cpus:g} CPUs but the Ray cluster has "
                             f"{self.available_cpus:g}: ask for fewer")
-        remote = self.ray.remote(ModelWorker).options(
+        if self._remote is None:
+            self._remote = self.ray.remote(ModelWorker)
+        remote = self._remote.options(
             num_cpus=p.num_cpus, num_gpus=p.num_gpus, max_restarts=self.max_restarts,
-            max_task_retries=self.max_restarts, name=None,
+            max_task_retries=self.max_restarts,
         )
         return remote.remote(model, p, self.crash_marker)
 
