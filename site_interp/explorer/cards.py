@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import random
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
@@ -87,8 +87,12 @@ def tensor_digest(x: Tensor) -> str:
 
 
 def _special_ids(bridge: TransformerBridge) -> list[int]:
+    """Ids of special tokens: the tokenizer's own, and added tokens marked special (Gemma's
+    ``<unusedN>`` placeholders are), which no prompt of ours ever produces."""
     tok = bridge.tokenizer
-    return sorted(set(getattr(tok, "all_special_ids", []) or []))
+    ids = set(getattr(tok, "all_special_ids", []) or [])
+    ids |= {i for i, t in (getattr(tok, "added_tokens_decoder", None) or {}).items() if getattr(t, "special", False)}
+    return sorted(i for i in ids if i < bridge.cfg.d_vocab)
 
 
 @torch.no_grad()
@@ -309,10 +313,38 @@ def head_effects(
     return {lh: out[lh] for lh in dict.fromkeys(heads)}
 
 
+@dataclass
+class HeadCard:
+    """Everything known about one head: its four card parts (None where not computed, with why)."""
+
+    layer: int
+    """Layer."""
+    head: int
+    """Head."""
+    task: str
+    """Task of the attention sample and the effects."""
+    alphas: pd.Series
+    """Alpha in every task (grid order)."""
+    threshold: float = 0.5
+    """Threshold the alphas are coloured against."""
+    dla: pd.DataFrame | None = None
+    """Top promoted / suppressed tokens per task."""
+    attention: AttentionSample | None = None
+    """Attention of every head on a sample prompt of :attr:`task`."""
+    effects: pd.DataFrame | None = None
+    """Accuracy and answer log-probability with only this head / without it, on :attr:`task`."""
+    errors: dict[str, str] = field(default_factory=dict)
+    """Why a part is missing (``dla``, ``attention``, ``effects``)."""
+
+    def note(self, part: str) -> str:
+        return f"{part}: {self.errors.get(part, 'not computed')}"
+
+
 __all__ = [
     "CONDITIONS",
     "AttentionSample",
     "CardConfig",
+    "HeadCard",
     "EffectScorer",
     "attention_sample",
     "cached_attention",

@@ -146,7 +146,7 @@ SCRIPT = r"""
     Plotly.react('cmp-plot', [hm(mat(ia), 'x', a, { showscale: false }), hm(mat(ib), 'x2', b, { showscale: false }),
       hm(both, 'x3', 'both', { colorscale: [[0, '#f2f2f2'], [1, '#e8112d']], showscale: false })],
       { template: FIG.layout.template, height: Math.max(260, 90 + 16 * nL), margin: { l: 50, r: 10, t: 30, b: 40 },
-        grid: { rows: 1, columns: 3, pattern: 'independent' }, yaxis: { title: { text: 'layer' } },
+        grid: { rows: 1, columns: 3, pattern: 'independent' }, yaxis: { title: { text: 'layer' }, dtick: 1 },
         xaxis: { domain: [0, .31], title: { text: a } }, xaxis2: { domain: [.345, .655], title: { text: b } }, xaxis3: { domain: [.69, 1], title: { text: 'both' } } },
       { displaylogo: false, responsive: true });
   }
@@ -159,6 +159,7 @@ SCRIPT = r"""
       state.task = D.tasks[Math.round(p.y)];
       showCard(Math.floor(c / nH), c % nH);
     });
+    setThreshold(D.threshold);
     document.body.setAttribute('data-grid-ready', '1');
   });
   $('thr').addEventListener('input', (e) => setThreshold(parseFloat(e.target.value)));

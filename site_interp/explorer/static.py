@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import TYPE_CHECKING
 
 import matplotlib
 
@@ -22,12 +21,16 @@ from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.patches import Rectangle  # noqa: E402
 from scipy.cluster.hierarchy import dendrogram  # noqa: E402
 
-from site_interp.explorer.cards import CONDITIONS  # noqa: E402
+from site_interp.explorer.cards import HeadCard  # noqa: E402
 from site_interp.explorer.data import RunData, head_label  # noqa: E402
 from site_interp.explorer.figures import CONDITION_COLORS, OUTLINE_COLOR, SELECTED_COLOR, role_color  # noqa: E402
 
-if TYPE_CHECKING:
-    from site_interp.explorer.widget import HeadCard
+
+def printable(token: str, limit: int = 12) -> str:
+    """A token as matplotlib's default fonts can draw it: whitespace and control characters as
+    escapes, characters beyond the Latin scripts as ``\\uXXXX``."""
+    text = repr(token)[1:-1]
+    return "".join(c if ord(c) < 0x250 else f"\\u{ord(c):04x}" for c in text)[:limit]
 
 
 def grid_static(data: RunData, threshold: float = 0.5, selected: tuple[int, int] | None = None) -> Figure:
@@ -83,8 +86,8 @@ def card_static(card: HeadCard) -> Figure:
         show = [card.task] + [t for t in tasks if t != card.task][:5]
         for task in show:
             part = card.dla[card.dla["task"] == task]
-            up = " ".join(repr(t)[1:-1] for t in part[part["direction"] == "promoted"]["token"].head(6))
-            down = " ".join(repr(t)[1:-1] for t in part[part["direction"] == "suppressed"]["token"].head(6))
+            up = " ".join(printable(t) for t in part[part["direction"] == "promoted"]["token"].head(6))
+            down = " ".join(printable(t) for t in part[part["direction"] == "suppressed"]["token"].head(6))
             lines += [f"{task}:", f"  + {up}", f"  - {down}"]
         ax_w.text(0, 1, "\n".join(lines), va="top", family="monospace", fontsize=7.5, transform=ax_w.transAxes)
     else:
@@ -92,7 +95,7 @@ def card_static(card: HeadCard) -> Figure:
     if card.attention is not None:
         w = card.attention.head(card.layer, card.head).numpy()
         ax_l.bar(range(len(w)), w, color=[role_color(r) for r in card.attention.roles])
-        labels = [repr(t)[1:-1][:6] for t in card.attention.tokens]
+        labels = [printable(t, 6) for t in card.attention.tokens]
         step = max(1, len(labels) // 60)
         ax_l.set_xticks(range(0, len(labels), step), labels[::step], rotation=90, fontsize=6)
         ax_l.set_title(f"where it looks: attention at the last token ({card.task})", fontsize=9, loc="left")
@@ -117,4 +120,4 @@ def card_static(card: HeadCard) -> Figure:
     return fig
 
 
-__all__ = ["CONDITIONS", "card_static", "grid_static"]
+__all__ = ["card_static", "grid_static", "printable"]
