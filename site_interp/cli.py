@@ -35,11 +35,17 @@ DEFAULT_TASKS = ("capitalize", "first_letter", "country_capital", "past_tense", 
 """Built-in tasks run by default: different kinds, each learnable by gemma-3-270m from 10 demos."""
 
 
-def add_model_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("model")
-    g.add_argument("--model", default=DEFAULT_MODEL,
-                   help=f"embedded/tiny model ({', '.join(available_models())}), a local HF directory, "
-                        f"or a hub id (needs a network). Default: {DEFAULT_MODEL}")
+def add_model_args(p: argparse.ArgumentParser, *, several: bool = False) -> None:
+    """``--model`` (or ``--models``, several, for a sweep) and how to place and load it."""
+    g = p.add_argument_group("models" if several else "model")
+    if several:
+        g.add_argument("--models", nargs="+", default=None,
+                       help=f"models to sweep ({', '.join(available_models())}, local HF directories, hub ids). "
+                            f"Default: {DEFAULT_MODEL}")
+    else:
+        g.add_argument("--model", default=DEFAULT_MODEL,
+                       help=f"embedded/tiny model ({', '.join(available_models())}), a local HF directory, "
+                            f"or a hub id (needs a network). Default: {DEFAULT_MODEL}")
     g.add_argument("--device", default=None, help="cpu, cuda, cuda:1... (default: cuda if available)")
     g.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
                    help="default float32 on CPU, bfloat16 on CUDA")

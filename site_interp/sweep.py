@@ -25,7 +25,7 @@ import torch
 from site_interp import cli
 from site_interp.artifacts import provenance, write_json, write_text
 from site_interp.errors import UserError
-from site_interp.loading import DEFAULT_MODEL, available_models
+from site_interp.loading import DEFAULT_MODEL
 from site_interp.plots.sweep_figures import save_sweep_figures
 from site_interp.sweeps.executors import LocalExecutor, RayExecutor
 from site_interp.sweeps.grid import SETTINGS, Cell, SweepGrid, read_grid_file
@@ -36,15 +36,7 @@ from site_interp.tasks.specs import resolve_tasks
 
 def add_grid_args(p: argparse.ArgumentParser) -> None:
     """The multi-valued options of a sweep: models, tasks, seeds and every ``run`` setting."""
-    m = p.add_argument_group("models")
-    m.add_argument("--models", nargs="+", default=None,
-                   help=f"models to sweep ({', '.join(available_models())}, local HF directories, hub ids). "
-                        f"Default: {DEFAULT_MODEL}")
-    m.add_argument("--device", default=None, help="cpu, cuda, cuda:K (local only). Default: cuda if there is a GPU")
-    m.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
-                   help="default float32 on CPU, bfloat16 on CUDA")
-    m.add_argument("--device-map", default=None, help="shard each model over its GPUs, e.g. 'auto'")
-    m.add_argument("--load-in-4bit", action="store_true", help="4-bit weights via bitsandbytes (CUDA)")
+    cli.add_model_args(p, several=True)
     t = p.add_argument_group("tasks")
     t.add_argument("--tasks", nargs="+", default=None,
                    help="as for run: built-in names, names under --data-dir, directories, JSON files, 'all'. "
