@@ -8,7 +8,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 
 ROOT = Path(__file__).resolve().parents[1] / "site_interp"
 
@@ -114,9 +113,12 @@ def test_only_figure_modules_import_plotting_libraries():
     assert not offenders
 
 
-@pytest.mark.parametrize("module", ["site_interp", "site_interp.studies", "site_interp.baselines", "site_interp.cli"])
-def test_core_import_loads_no_plotting_library(module):
-    code = f"import sys, {module}; print([m for m in {PLOTTING!r} if m in sys.modules])"
+def test_core_import_loads_no_plotting_library():
+    """The package and everything but the figure modules, imported together in a fresh process
+    (one process: if none of them loads a plotting library, neither does any one alone)."""
+    modules = ["site_interp", "site_interp.studies", "site_interp.baselines", "site_interp.cli", "site_interp.sweeps",
+               "site_interp.share"]
+    code = f"import sys, {', '.join(modules)}; print([m for m in {PLOTTING!r} if m in sys.modules])"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
