@@ -356,10 +356,11 @@ def similarity_clustermap(
 def dendrogram_plot(
     linkage: np.ndarray, labels: Sequence[str], *, title: str = "", width: Width = "one",
     orientation: Literal["top", "left"] = "top", color_threshold: float | None = None,
-    distance_label: str = "distance",
+    distance_label: str = "distance", label_colors: Mapping[str, str] | None = None,
 ) -> Figure:
     """scipy dendrogram of ``linkage`` with leaf ``labels`` (rotated 45° under a top tree,
-    horizontal beside a left tree, which suits many or long labels)."""
+    horizontal beside a left tree, which suits many or long labels); ``label_colors`` colours
+    leaf labels by name (e.g. by task kind)."""
     z = np.asarray(linkage, dtype=float)
     labels = [str(x) for x in labels]
     if z.ndim != 2 or z.shape != (len(labels) - 1, 4):
@@ -387,6 +388,9 @@ def dendrogram_plot(
     else:
         ax.set_xlabel(distance_label)
         ax.spines[["top", "right", "left"]].set_visible(False)
+    for tick in (ax.get_xticklabels() if orientation == "top" else ax.get_yticklabels()):
+        if label_colors and tick.get_text() in label_colors:
+            tick.set_color(label_colors[tick.get_text()])
     ax.set_title(title)
     return fig
 

@@ -201,6 +201,19 @@ def compare_methods(bridge: TransformerBridge, tasks: list[Task], cfg: Compariso
     ``compute=False`` only reads what is cached (tables of a partial run: missing entries are
     left out, and each method's row says on how many tasks it ran).
     """
+    results = collect_results(bridge, tasks, cfg, out, progress=progress, compute=compute)
+    return build_tables(results, model_id(bridge), n_shots=cfg.run.eval.n_shots)
+
+
+def collect_results(bridge: TransformerBridge | str, tasks: list[Task], cfg: ComparisonConfig, out: str | Path, *,
+                    progress: bool = True, compute: bool = True) -> list[dict]:
+    """What :func:`compare_methods` tabulates: one dict per (seed, task, method) that ran, with
+    ``seed, task, method, records, info, params, fit_s, eval_s, stages``.
+
+    ``bridge`` may be the model id alone when ``compute`` is False (nothing is run).
+    """
+    if isinstance(bridge, str) and compute:
+        raise ValueError("collect_results needs the model itself to compute; pass compute=False to only read")
     unknown = [m for m in cfg.methods if m not in METHODS]
     if unknown:
         raise ValueError(f"unknown methods {unknown}; choose from {', '.join(METHODS)}")
@@ -243,7 +256,7 @@ def compare_methods(bridge: TransformerBridge, tasks: list[Task], cfg: Compariso
                          "site_training_s": _seconds(directory / "alphas.json") if method == "site" else 0.0,
                          "fv_ranking_s": rank_s / len(tasks) if method == "fv" else 0.0}
                 results.append({"seed": seed, "task": task.name, "method": method, **done, "stages": stage})
-    return build_tables(results, model_id(bridge), n_shots=cfg.run.eval.n_shots)
+    return results
 
 
 def _run_method(bridge: TransformerBridge, task: Task, run: TaskRun | None, method: str, cfg: ComparisonConfig, run_cfg: RunConfig,
@@ -261,4 +274,4 @@ def _run_method(bridge: TransformerBridge, task: Task, run: TaskRun | None, meth
     return {"records": slim, "info": info, "params": params, "fit_s": fit_s, "eval_s": eval_s}
 
 
-__all__ = ["EMBEDDING_METHODS", "METHODS", "ComparisonConfig", "MethodName", "compare_methods", "seed_config", "seed_out"]
+__all__ = ["EMBEDDING_METHODS", "METHODS", "ComparisonConfig", "MethodName", "collect_results", "compare_methods", "seed_config", "seed_out"]

@@ -34,11 +34,17 @@ class TransferResult:
     """Per-query outcomes and the matrix view."""
 
     tasks: list[str]
-    """Task names, in input order."""
+    """Target task names (the columns), in input order."""
     records: pd.DataFrame = field(default_factory=pd.DataFrame)
     """One row per (source, target, query_index): ``correct``. Sources include the references."""
     seconds: float = 0.0
     """Wall time."""
+    sources: list[str] | None = None
+    """Tasks whose alphas were transferred (the rows); None: the same as ``tasks``."""
+
+    @property
+    def source_tasks(self) -> list[str]:
+        return list(self.tasks if self.sources is None else self.sources)
 
     def to_dataframe(self) -> pd.DataFrame:
         return self.records
@@ -49,7 +55,7 @@ class TransferResult:
     @property
     def matrix(self) -> pd.DataFrame:
         """Accuracy (%): rows = alphas from, columns = evaluated on."""
-        return self._accuracy().loc[self.tasks, self.tasks]
+        return self._accuracy().loc[self.source_tasks, self.tasks]
 
     @property
     def references(self) -> pd.DataFrame:
@@ -59,11 +65,13 @@ class TransferResult:
     def normalized(self) -> pd.DataFrame:
         """Each column divided by its diagonal entry (the target's own-alphas accuracy)."""
         m = self.matrix
-        own = pd.Series([m.loc[t, t] for t in self.tasks], index=self.tasks)
+        own = pd.Series([m.loc[t, t] if t in m.index else float("nan") for t in self.tasks], index=self.tasks)
         return m.div(own.where(own > 0), axis=1)
 
     def diagonal_summary(self) -> dict[str, float]:
         """Mean own-alphas (diagonal) vs other-alphas (off-diagonal) accuracy, and references."""
+        if self.source_tasks != self.tasks:
+            raise ValueError("diagonal_summary needs the square matrix (sources == tasks)")
         m = self.matrix.to_numpy()
         n = len(self.tasks)
         off = m[~torch.eye(n, dtype=torch.bool).numpy()]
@@ -85,11 +93,18 @@ def transfer_matrix(
     n_test: int | None = 50,
     chunk: int = 128,
     progress: bool = True,
+    sources: Sequence[str] | None = None,
 ) -> TransferResult:
-    """Compute every ``A -> B`` entry (plus references) on the first ``n_test`` test queries."""
+    """Compute every ``A -> B`` entry (plus references) on the first ``n_test`` test queries.
+
+    ``tasks`` are the targets B; ``sources`` (default: the targets' names) name the alphas A, so
+    a large matrix can be computed a few columns at a time and put together with
+    :func:`concat_transfer`.
+    """
     t0 = time.perf_counter()
     names = [task.name for task in tasks]
-    missing = [n for n in names if n not in embeddings or n not in alphas]
+    source_list = list(names if sources is None else sources)
+    missing = [n for n in names if n not in embeddings] + [n for n in source_list if n not in alphas]
     if missing:
         raise KeyError(f"no task embedding or alphas for {missing}; train them first (python -m site_interp.run)")
     batches = [
@@ -99,9 +114,9 @@ def transfer_matrix(
     ]
     scorer = LastTokenScorer(bridge, batches, progress=progress)
     ts = torch.stack([embeddings[n].float().cpu() for n in names])  # [T, L, H, D]
-    a = torch.stack([alphas[n].float().cpu() for n in names])  # [T, L, H]
+    a = torch.stack([alphas[n].float().cpu() for n in source_list])  # [S, L, H]
     sources = torch.cat([a, torch.zeros_like(a[:1]), torch.full_like(a[:1], 0.5)])  # + references
-    source_names = names + list(REFERENCES)
+    source_names = source_list + list(REFERENCES)
     n_src = len(source_names)
     # rows: every query of every target under every source; target-major, so that a batch holds
     # prompts of one task (similar lengths: little padding)
@@ -117,7 +132,23 @@ def transfer_matrix(
         "query_index": (rows - starts[target]).tolist(),
         "correct": correct.tolist(),
     })
-    return TransferResult(tasks=names, records=records, seconds=time.perf_counter() - t0)
+    return TransferResult(tasks=names, records=records, seconds=time.perf_counter() - t0,
+                          sources=None if sources is None else source_list)
 
 
-__all__ = ["REFERENCES", "TransferResult", "transfer_matrix"]
+def concat_transfer(parts: Sequence[TransferResult]) -> TransferResult:
+    """Columns computed separately (same sources, disjoint targets) as one result."""
+    if not parts:
+        raise ValueError("concat_transfer needs at least one part")
+    sources = {tuple(p.source_tasks) for p in parts}
+    if len(sources) > 1:
+        raise ValueError("the parts were computed with different source tasks")
+    tasks = [t for p in parts for t in p.tasks]
+    if len(set(tasks)) != len(tasks):
+        raise ValueError("the parts share target tasks")
+    src = list(sources.pop())
+    return TransferResult(tasks=tasks, records=pd.concat([p.records for p in parts], ignore_index=True),
+                          seconds=sum(p.seconds for p in parts), sources=None if src == tasks else src)
+
+
+__all__ = ["REFERENCES", "TransferResult", "concat_transfer", "transfer_matrix"]

@@ -1,0 +1,216 @@
+"""The full-scale studies of the results page, cached per task so that they resume.
+
+* :func:`patching_rows` -- on every task, the task embedding hard-patched into the k heads with
+  the highest alphas, the k lowest, and k random heads (5 draws), k = the heads SITE selects
+  (alpha > 0.5, at least 1), first-token accuracy. One JSON artifact per task.
+* :func:`transfer_columns` -- the T x T alpha-transfer matrix (first token), computed a few target
+  columns at a time; one JSON artifact per target column.
+* :func:`load_seed_runs` -- the embeddings and alphas of every task for one seed, read only.
+
+Artifacts live beside the comparison's, under ``<out>/<model>/<task>/`` (``patching.json``) and
+``<out>/<model>/transfer/<target>.json``; each is keyed by the model, the tasks' fingerprints and
+every setting that changes it, so a rerun reuses what is valid and refuses what is not.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from site_interp.artifacts import load_json_if_valid, read_json, save_json_artifact, slug
+from site_interp.checks import check_int
+from site_interp.pipeline import RunConfig, alpha_key, load_alphas, load_embedding, model_id, task_dir
+from site_interp.studies.patching import PatchConfig, patching_sweep
+from site_interp.studies.transfer import REFERENCES, TransferResult, concat_transfer, transfer_matrix
+from site_interp.tasks.core import Task
+
+if TYPE_CHECKING:
+    from transformer_lens.model_bridge import TransformerBridge
+
+
+@dataclass(frozen=True)
+class ScaleConfig:
+    """Settings of the full-scale studies (defaults: the results page's)."""
+
+    n_test: int = 50
+    """Test queries per task (the first ones of the split)."""
+    n_random: int = 5
+    """Random head sets per task in patching."""
+    columns_per_part: int = 4
+    """Target tasks per transfer forward group (each is saved as soon as its group is done)."""
+
+    def __post_init__(self) -> None:
+        check_int(self.n_test, "n_test", minimum=1)
+        check_int(self.n_random, "n_random", minimum=1)
+        check_int(self.columns_per_part, "columns_per_part", minimum=1)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def load_seed_runs(model: TransformerBridge | str, tasks: Sequence[Task], cfg: RunConfig, out: str | Path
+                   ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """(embeddings, alphas) of the tasks whose both artifacts exist for ``cfg`` under ``out``."""
+    embeddings, alphas = {}, {}
+    for task in tasks:
+        directory = task_dir(out, model, task)
+        site = load_alphas(model, task, cfg, directory)
+        emb = load_embedding(model, task, cfg, directory) if site is not None else None
+        if site is not None and emb is not None:
+            embeddings[task.name], alphas[task.name] = emb.t, site.alpha
+    return embeddings, alphas
+
+
+def selected_k(alpha: torch.Tensor) -> int:
+    """Heads SITE selects (alpha > 0.5), at least 1 and at most all heads but one."""
+    return int(min(max(int((alpha > 0.5).sum()), 1), alpha.numel() - 1))
+
+
+def _patching_key(model: TransformerBridge | str, task: Task, run_cfg: RunConfig, cfg: ScaleConfig) -> dict:
+    return {**alpha_key(model, task, run_cfg), "study": "patching", "n_test": cfg.n_test, "n_random": cfg.n_random,
+            "k_rule": "alpha > 0.5, at least 1", "metric": "first_token"}
+
+
+def patching_rows(bridge: TransformerBridge | str, tasks: Sequence[Task], run_cfg: RunConfig, out: str | Path,
+                  cfg: ScaleConfig = ScaleConfig(), *, compute: bool = True, progress: bool = True) -> pd.DataFrame:
+    """One row per task: ``task, k, top, bottom, random, site, zero_shot, seconds`` (accuracy %).
+
+    Tasks without trained alphas are skipped; ``compute=False`` only reads cached rows.
+    """
+    rows = []
+    embeddings, alphas = load_seed_runs(bridge, tasks, run_cfg, out) if compute else ({}, {})
+    for task in tqdm(tasks, desc="patching", disable=not progress or not compute):
+        path = task_dir(out, bridge, task) / "patching.json"
+        key = _patching_key(bridge, task, run_cfg, cfg)
+        done = load_json_if_valid(path, key)
+        if done is None and compute and task.name in alphas:
+            alpha = alphas[task.name]
+            k = selected_k(alpha)
+            res = patching_sweep(bridge, task, embeddings[task.name], alpha,
+                                 PatchConfig(ks=(k,), modes=("patch",), n_random=cfg.n_random, n_test=cfg.n_test),
+                                 progress=False)
+            s = res.summary().set_index("selection")["accuracy"]
+            done = {"row": {"task": task.name, "k": k, "top": float(s["top"]), "bottom": float(s["bottom"]),
+                            "random": float(s["random"]), "site": res.references["SITE"],
+                            "zero_shot": res.references["0-shot"], "seconds": res.seconds}}
+            save_json_artifact(path, key, done, seed=run_cfg.site.seed)
+        if done is not None:
+            rows.append(done["row"])
+    return pd.DataFrame(rows, columns=["task", "k", "top", "bottom", "random", "site", "zero_shot", "seconds"])
+
+
+def _transfer_key(model: TransformerBridge | str, target: Task, sources: Sequence[Task], run_cfg: RunConfig,
+                  cfg: ScaleConfig) -> dict:
+    return {"model_id": model_id(model), "study": "transfer", "target": target.name,
+            "target_fingerprint": target.fingerprint(), "sources": [[s.name, s.fingerprint()] for s in sources],
+            "embedding": run_cfg.embedding.to_dict(), "site": run_cfg.site.result_key(), "n_test": cfg.n_test,
+            "metric": "first_token"}
+
+
+def transfer_columns(bridge: TransformerBridge | str, tasks: Sequence[Task], run_cfg: RunConfig, out: str | Path,
+                     cfg: ScaleConfig = ScaleConfig(), *, compute: bool = True, progress: bool = True
+                     ) -> TransferResult | None:
+    """The transfer matrix over ``tasks`` (every task both source and target), from cached columns,
+    computing the missing ones when ``compute``; None when a column is missing and not computed
+    (the matrix needs every task's alphas: it is only built once all are trained)."""
+    directory = Path(out) / slug(model_id(bridge)) / "transfer"
+    keys = {t.name: _transfer_key(bridge, t, tasks, run_cfg, cfg) for t in tasks}
+    parts: dict[str, TransferResult] = {}
+    for t in tasks:
+        done = load_json_if_valid(directory / f"{slug(t.name)}.json", keys[t.name])
+        if done is not None:
+            parts[t.name] = _column_from_json(done, t.name, [s.name for s in tasks])
+    missing = [t for t in tasks if t.name not in parts]
+    if missing and compute:
+        embeddings, alphas = load_seed_runs(bridge, tasks, run_cfg, out)
+        if len(alphas) == len(tasks):
+            groups = [missing[i:i + cfg.columns_per_part] for i in range(0, len(missing), cfg.columns_per_part)]
+            for group in tqdm(groups, desc="transfer columns", disable=not progress):
+                res = transfer_matrix(bridge, group, embeddings, alphas, n_test=cfg.n_test, progress=False,
+                                      sources=[s.name for s in tasks])
+                for t in group:
+                    col = res.records[res.records["target"] == t.name]
+                    part = TransferResult(tasks=[t.name], records=col.reset_index(drop=True),
+                                          seconds=res.seconds * len(col) / len(res.records),
+                                          sources=[s.name for s in tasks])
+                    save_json_artifact(directory / f"{slug(t.name)}.json", keys[t.name], _column_to_json(part),
+                                       seed=run_cfg.site.seed)
+                    parts[t.name] = part
+    if len(parts) < len(tasks):
+        return None
+    return concat_transfer([parts[t.name] for t in tasks])
+
+
+def _column_to_json(part: TransferResult) -> dict:
+    rec = part.records
+    correct = {src: "".join("1" if c else "0" for c in g.sort_values("query_index")["correct"])
+               for src, g in rec.groupby("source", sort=False)}
+    return {"seconds": part.seconds, "correct": correct}
+
+
+def _column_from_json(data: Mapping, target: str, sources: list[str]) -> TransferResult:
+    rows = []
+    for src in sources + list(REFERENCES):
+        bits = data["correct"][src]
+        rows += [(src, target, i, b == "1") for i, b in enumerate(bits)]
+    records = pd.DataFrame(rows, columns=["source", "target", "query_index", "correct"])
+    return TransferResult(tasks=[target], records=records, seconds=float(data["seconds"]), sources=sources)
+
+
+def alphas_by_seed(model: TransformerBridge | str, tasks: Sequence[Task], configs: Mapping[int, RunConfig],
+                   outs: Mapping[int, Path]) -> dict[str, dict[int, np.ndarray]]:
+    """Task -> seed -> trained alphas, for every seed that has them (read only)."""
+    out: dict[str, dict[int, np.ndarray]] = {}
+    for seed, cfg in configs.items():
+        for task in tasks:
+            site = load_alphas(model, task, cfg, task_dir(outs[seed], model, task))
+            if site is not None:
+                out.setdefault(task.name, {})[seed] = site.alpha.float().numpy()
+    return out
+
+
+def stage_seconds(model: TransformerBridge | str, tasks: Sequence[Task], outs: Sequence[Path]) -> dict[str, float]:
+    """Compute time recorded in the artifacts (embedding, SITE training, each comparison method,
+    patching, transfer), summed over tasks and seeds: the cost of the page, however many
+    sessions it took."""
+    total: dict[str, float] = {}
+
+    def add(name: str, seconds: float) -> None:
+        total[name] = total.get(name, 0.0) + float(seconds)
+
+    for out in outs:
+        for task in tasks:
+            d = task_dir(out, model, task)
+            for name, file in (("embedding", "embedding.json"), ("SITE training", "alphas.json")):
+                add(name, _recorded(d / file).get("seconds", 0.0))
+            for f in sorted((d / "bench").glob("*.json")) if (d / "bench").is_dir() else []:
+                data = _recorded(f)
+                if "fit_s" in data:
+                    add(f"{f.stem} (fit + eval)", data.get("fit_s", 0.0) + data.get("eval_s", 0.0))
+                elif "seconds" in data:
+                    add(f"{f.stem}", data["seconds"])
+            add("patching", _recorded(d / "patching.json").get("row", {}).get("seconds", 0.0))
+        tdir = Path(out) / slug(model_id(model)) / "transfer"
+        for f in sorted(tdir.glob("*.json")) if tdir.is_dir() else []:
+            add("transfer", _recorded(f).get("seconds", 0.0))
+    return {k: v for k, v in total.items() if v > 0}
+
+
+def _recorded(path: Path) -> dict:
+    """A JSON artifact's content, or {} when it is absent or unreadable (then it adds no time)."""
+    try:
+        data = read_json(path)
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+__all__ = ["ScaleConfig", "alphas_by_seed", "load_seed_runs", "patching_rows", "selected_k", "stage_seconds",
+           "transfer_columns"]

@@ -1,0 +1,169 @@
+"""What the results page reports for one model, gathered from the artifacts on disk.
+
+:class:`ReportConfig` fixes every setting of the page's runs (the FV-57 comparison at several
+seeds, the costly baselines at one, the full-scale studies); :func:`gather` reads what exists for
+one model -- nothing is computed here -- and returns a :class:`ModelEvidence` with the tables the
+page renders (:mod:`site_interp.studies.results_page`) and the figures draw
+(:mod:`site_interp.plots.report_figures`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+
+from site_interp.baselines import FunctionVectorConfig, LoraConfig, TaskVectorConfig
+from site_interp.checks import check_float, check_int, check_subset
+from site_interp.errors import ConfigError
+from site_interp.pipeline import RunConfig
+from site_interp.studies import evidence as ev
+from site_interp.studies.comparison import METHODS, ComparisonConfig, collect_results, seed_config, seed_out
+from site_interp.studies.report_runs import (
+    ScaleConfig,
+    alphas_by_seed,
+    patching_rows,
+    stage_seconds,
+    transfer_columns,
+)
+from site_interp.studies.similarity import cluster_tasks, overlap_table, similarity_matrix
+from site_interp.studies.transfer import TransferResult
+from site_interp.tasks.core import Task
+from site_interp.tasks.kinds import task_kind
+
+FV_RANK_TASKS = ("antonym", "capitalize", "country-capital", "english-french", "present-past", "singular-plural")
+"""The FV head ranking's tasks when all are present (the function-vector paper's six), else the first six."""
+
+
+@dataclass(frozen=True)
+class ReportConfig:
+    """Every setting of the results page's runs."""
+
+    run: RunConfig = field(default_factory=RunConfig)
+    """Embedding, SITE and evaluation settings (exact match on: the paper's metric)."""
+    seeds: tuple[int, ...] = (0, 1, 2)
+    """Seeds of the seeded methods (ICL demonstrations; SITE's embedding prompts and training order)."""
+    seeded_methods: tuple[str, ...] = ("icl", "uniform-0.5", "uniform-1", "site")
+    """Methods run at every seed."""
+    single_seed_methods: tuple[str, ...] = ("0-shot", "tv", "fv", "lora")
+    """Methods run at the first seed only (0-shot is deterministic; the rest are the costly baselines)."""
+    fv: FunctionVectorConfig = field(default_factory=lambda: FunctionVectorConfig(n_aie_prompts=10, n_valid=50))
+    """Function-vector settings (10 AIE prompts per ranking task, layer chosen on 50 valid queries)."""
+    tv: TaskVectorConfig = field(default_factory=lambda: TaskVectorConfig(n_valid=50))
+    """Task-vector settings (layer chosen on 50 valid queries)."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    """LoRA settings (rank 8 on q and v, 100 steps of 4 prompts: the 400 examples SITE sees)."""
+    scale: ScaleConfig = field(default_factory=ScaleConfig)
+    """Patching and transfer settings."""
+    overlap_threshold: float = 0.5
+    """A task's head set: heads with alpha above this."""
+    n_perm: int = 2000
+    """Permutations of the overlap null, the Mantel test and the kind-separation test."""
+
+    def __post_init__(self) -> None:
+        if not self.seeds:
+            raise ConfigError("seeds (--seeds) must name at least one seed")
+        for s in self.seeds:
+            check_int(s, "seeds", minimum=0, option="--seeds")
+        check_subset(self.seeded_methods, "seeded_methods", METHODS)
+        check_subset(self.single_seed_methods, "single_seed_methods", METHODS)
+        check_float(self.overlap_threshold, "overlap_threshold", minimum=0.0, maximum=1.0)
+        check_int(self.n_perm, "n_perm", minimum=1)
+
+    def comparison(self, methods: Sequence[str], seeds: Sequence[int], tasks: Sequence[Task]) -> ComparisonConfig:
+        names = {t.name for t in tasks}
+        rank = FV_RANK_TASKS if set(FV_RANK_TASKS) <= names else None
+        return ComparisonConfig(run=self.run, methods=tuple(m for m in METHODS if m in methods), seeds=tuple(seeds),
+                                fv=self.fv, fv_rank_tasks=rank, tv=self.tv, lora=self.lora)
+
+    def seed_run(self, seed: int) -> RunConfig:
+        return seed_config(self.comparison(("site",), (seed,), []), seed)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class ModelEvidence:
+    """Everything the page says about one model (percentages unless named otherwise)."""
+
+    model_id: str
+    tasks: list[str]
+    kinds: dict[str, str]
+    scores: pd.DataFrame
+    """:func:`~site_interp.studies.evidence.score_frame` of every method, seed and metric."""
+    summary: pd.DataFrame
+    """:func:`~site_interp.studies.evidence.method_summary`."""
+    differences: list[ev.Difference]
+    gaps: pd.DataFrame
+    """Tasks where SITE's first-token and exact-match accuracy differ most."""
+    binary: dict[str, float]
+    patching: pd.DataFrame
+    patching_claim: dict[str, float]
+    transfer: TransferResult | None
+    similarity: pd.DataFrame | None
+    overlap: pd.DataFrame | None
+    order: list[str]
+    """Tasks in dendrogram order (input order when there is no similarity)."""
+    linkage: np.ndarray | None
+    overlap_vs_transfer: dict[str, dict[str, float]]
+    kind_separation: dict[str, float]
+    seconds: dict[str, float]
+    trained: dict[int, int]
+    """Seed -> tasks with trained alphas."""
+
+    def to_dataframe(self) -> pd.DataFrame:
+        return self.scores
+
+
+PAIRS = (("site", "icl"), ("site", "lora"), ("site", "uniform-0.5"), ("site", "uniform-1"), ("site", "tv"),
+         ("site", "fv"), ("site", "0-shot"), ("icl", "0-shot"), ("lora", "icl"))
+
+
+def gather(model_id: str, tasks: Sequence[Task], cfg: ReportConfig, out: str | Path) -> ModelEvidence:
+    """Read every artifact of ``model_id`` under ``out`` and compute the page's numbers."""
+    tasks = list(tasks)
+    results = collect_results(model_id, tasks, cfg.comparison(cfg.seeded_methods, cfg.seeds, tasks), out,
+                              progress=False, compute=False)
+    results += collect_results(model_id, tasks, cfg.comparison(cfg.single_seed_methods, cfg.seeds[:1], tasks), out,
+                               progress=False, compute=False)
+    kinds = {t.name: task_kind(t) for t in tasks}
+    scores = ev.score_frame(results)
+    methods = [m for m in METHODS if m in set(scores["method"])]
+    summary = ev.method_summary(scores, kinds, methods)
+    diffs = [d for a, b in PAIRS for metric in ev.METRICS
+             if (d := ev.paired_difference(scores, a, b, metric)) is not None]
+    configs = {s: cfg.seed_run(s) for s in cfg.seeds}
+    outs = {s: seed_out(out, s) for s in cfg.seeds}
+    alphas = alphas_by_seed(model_id, tasks, configs, outs)
+    trained = {s: sum(1 for v in alphas.values() if s in v) for s in cfg.seeds}
+    first = cfg.seeds[0]
+    patching = patching_rows(model_id, tasks, configs[first], outs[first], cfg.scale, compute=False)
+    transfer = transfer_columns(model_id, tasks, configs[first], outs[first], cfg.scale, compute=False)
+    first_alphas = {t: v[first] for t, v in alphas.items() if first in v}
+    sim = overlap = linkage = None
+    order = [t.name for t in tasks]
+    kind_sep: dict[str, float] = {}
+    relation: dict[str, dict[str, float]] = {}
+    if len(first_alphas) >= 3:
+        sim = similarity_matrix(first_alphas, "jaccard", threshold=cfg.overlap_threshold)
+        overlap = overlap_table(first_alphas, threshold=cfg.overlap_threshold, n_perm=cfg.n_perm)
+        linkage, order = cluster_tasks(sim)
+        kind_sep = ev.kind_separation(sim, kinds, n_perm=cfg.n_perm)
+        if transfer is not None:
+            m = transfer.matrix
+            relation = {"raw": ev.mantel(sim, m, n_perm=cfg.n_perm),
+                        "centred": ev.mantel(sim, ev.centred_transfer(m), n_perm=cfg.n_perm)}
+    return ModelEvidence(
+        model_id=model_id, tasks=[t.name for t in tasks], kinds=kinds, scores=scores, summary=summary,
+        differences=diffs, gaps=ev.metric_gaps(scores, results, "site"),
+        binary=ev.binary_share({t: list(v.values()) for t, v in alphas.items()}), patching=patching,
+        patching_claim=ev.patching_claim(patching), transfer=transfer, similarity=sim, overlap=overlap,
+        order=order, linkage=linkage, overlap_vs_transfer=relation, kind_separation=kind_sep,
+        seconds=stage_seconds(model_id, tasks, sorted(set(outs.values()))), trained=trained)
+
+
+__all__ = ["FV_RANK_TASKS", "ModelEvidence", "PAIRS", "ReportConfig", "gather"]
