@@ -10,6 +10,7 @@ there. Figures are drawn by the commands (:mod:`site_interp.plots`), not here. U
 from __future__ import annotations
 
 import json
+import logging
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -40,6 +41,8 @@ from site_interp.training import SiteConfig, SiteResult, train_site_many
 if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge
 
+
+log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class RunConfig:
@@ -297,6 +300,21 @@ def save_run(model: TransformerBridge | str, run: TaskRun, cfg: RunConfig, out: 
     return directory
 
 
+def _readable(path: Path) -> dict | None:
+    """A run file's JSON object; None (with a warning naming it) when it is absent or damaged."""
+    if not path.exists():
+        return None
+    try:
+        data = read_json(path)
+    except (OSError, ValueError) as err:
+        log.warning("%s is damaged (%s): recomputing it", path, err)
+        return None
+    if not isinstance(data, dict):
+        log.warning("%s is damaged (not a JSON object): recomputing it", path)
+        return None
+    return data
+
+
 def load_run(model: TransformerBridge | str, task: Task, cfg: RunConfig, out: str | Path) -> TaskRun | None:
     """The finished run of ``task`` under ``out`` (embedding, alphas and evaluation, all made with
     these settings), or None when any part is missing; other settings raise
@@ -307,8 +325,10 @@ def load_run(model: TransformerBridge | str, task: Task, cfg: RunConfig, out: st
     results = directory / "results.json"
     if emb is None or site is None or not results.exists():
         return None
-    data = read_json(results)
-    stored = read_json(directory / "config.json").get("config") if (directory / "config.json").exists() else None
+    data, config = _readable(results), _readable(directory / "config.json")
+    if data is None or not isinstance(data.get("records"), list):
+        return None  # damaged (logged): the evaluation is run again
+    stored = config.get("config") if config is not None else None
     if data.get("model_id") != model_id(model) or stored != json.loads(json.dumps(cfg.to_dict())):
         return None
     evaluation = TaskEvaluation(task.name, records=data["records"])

@@ -30,3 +30,17 @@ def test_saved_run_loads_back_and_is_reused(tiny_llama, tmp_path):
     # other evaluation settings: the saved evaluation is not this run's
     other = RunConfig(embedding=CFG.embedding, site=CFG.site, eval=EvalConfig(n_test=3, n_shots=2, exact_match=False))
     assert load_run(tiny_llama, task, other, tmp_path) is None
+
+
+def test_a_damaged_results_file_is_recomputed_not_raised(tiny_llama, tmp_path, caplog):
+    task = toy_task()
+    (run,) = run_tasks(tiny_llama, [task], CFG, None, progress=False)
+    directory = save_run(tiny_llama, run, CFG, tmp_path)
+    for garbage in ("{not json", "[1, 2]", '{"model_id": "x"}'):
+        (directory / "results.json").write_text(garbage)
+        assert load_run(tiny_llama, task, CFG, tmp_path) is None
+    assert "results.json is damaged" in caplog.text
+    save_run(tiny_llama, run, CFG, tmp_path)
+    (directory / "config.json").write_text("\x00\x01")
+    assert load_run(tiny_llama, task, CFG, tmp_path) is None
+    assert "config.json is damaged" in caplog.text
