@@ -112,17 +112,18 @@ def load_from_args(args: argparse.Namespace, *, announce: bool = True) -> Transf
     return bridge
 
 
-def check_output_dir(out: str | Path) -> Path:
-    """``--out`` as a writable directory (created if missing), checked before any work is done."""
+def check_output_dir(out: str | Path, option: str = "--out") -> Path:
+    """``out`` (the value of ``option``) as a writable directory (created if missing), checked
+    before any work is done."""
     path = Path(out).expanduser()
     if path.exists() and not path.is_dir():
-        raise UserError(f"--out {out} is a file; give a directory for the artifacts")
+        raise UserError(f"{option} {out} is a file; give a directory for the artifacts")
     try:
         path.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=path, prefix=".write-test-"):
             pass
     except OSError as err:
-        raise UserError(f"--out {out} cannot be written ({err.strerror}); choose a directory you can write to") from None
+        raise UserError(f"{option} {out} cannot be written ({err.strerror}); choose a directory you can write to") from None
     return path
 
 

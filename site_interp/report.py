@@ -28,6 +28,7 @@ from typing import Sequence
 from site_interp import cli
 from site_interp.artifacts import write_text
 from site_interp.embeddings import EmbeddingConfig
+from site_interp.errors import UserError
 from site_interp.evaluation import EvalConfig
 from site_interp.loading import resolve_model_id
 from site_interp.pipeline import RunConfig
@@ -35,7 +36,7 @@ from site_interp.plots.report_figures import save_report_figures
 from site_interp.studies.comparison import compare_methods
 from site_interp.studies.report_runs import ScaleConfig, patching_rows, transfer_columns
 from site_interp.studies.results_data import ReportConfig, gather
-from site_interp.studies.results_page import render
+from site_interp.studies.results_page import BEGIN, END, headline, render, replace_block
 from site_interp.tasks.core import Task
 from site_interp.training import SiteConfig
 
@@ -60,6 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--out", default="runs/fv57", help="artifact directory (runs/fv57)")
     r.add_argument("--page", default="docs/results.md", help="the page to write (docs/results.md)")
     r.add_argument("--figures-dir", default=None, help="where the figures go (default: <page dir>/img/results)")
+    r.add_argument("--readme", default=None,
+                   help="also rewrite this file's block between <!-- results:begin --> and <!-- results:end --> "
+                        "with the headline numbers (e.g. README.md)")
     r.add_argument("--quiet", action="store_true", help="no progress bars")
     s = p.add_argument_group("settings (defaults: the page's; smaller values for a quick look)")
     s.add_argument("--n-prompts", type=int, default=50, help="M: ICL prompts per task embedding (50)")
@@ -114,6 +118,11 @@ def write_page(model_ids: Sequence[str], tasks: list[Task], cfg: ReportConfig, a
     command = " ".join(["python -m site_interp.report", *argv])
     text = render(evidence, cfg, command=command, figures=figures, generated=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
     write_text(page, text + "\n")
+    if args.readme:
+        readme = Path(args.readme)
+        link = os.path.relpath(page, readme.parent)
+        new = replace_block(readme.read_text(encoding="utf-8"), headline(evidence, cfg.run.eval.n_shots, link))
+        write_text(readme, new)
     return page
 
 
@@ -121,6 +130,17 @@ def body(args: argparse.Namespace, argv: Sequence[str]) -> int:
     cfg = config_from_args(args)
     tasks = cli.tasks_from_args(argparse.Namespace(tasks=args.tasks, data_dir=args.data_dir, seed=0))
     cli.check_output_dir(args.out)
+    page = Path(args.page)
+    if page.is_dir():
+        raise UserError(f"--page {args.page} is a directory; give the path of the markdown file to write")
+    cli.check_output_dir(page.parent, "--page's directory")
+    if args.figures_dir:
+        cli.check_output_dir(args.figures_dir, "--figures-dir")
+    if args.readme:
+        readme = Path(args.readme)
+        if not readme.is_file() or replace_block(readme.read_text(encoding="utf-8", errors="replace"), "") is None:
+            raise UserError(f"--readme {args.readme} is not a file with a {BEGIN} ... {END} block; add the two "
+                            "markers where the headline should go")
     models = args.models or list(EMBEDDED)
     model_ids = [resolve_model_id(m) for m in models]
     if not args.report_only:

@@ -151,3 +151,31 @@ def test_task_names_never_leave_the_output_directory(tmp_path):
 
     for name in ("..", ".", "../x", ".hidden"):
         assert not slug(name).startswith(".") and "/" not in slug(name)
+
+
+REPORT = ["--models", "tiny-llama", "--tasks", "capitalize", "--data-dir", "", "--report-only", "--quiet"]
+REPORT_CASES = [
+    ("seeds -1", lambda d: ["--seeds", "-1"], "seeds (--seeds) must be an integer >= 0, got -1"),
+    ("n-perm 0", lambda d: ["--n-perm", "0"], "n_perm (--n-perm) must be an integer >= 1, got 0"),
+    ("n-test 0", lambda d: ["--n-test", "0"], "n_test (--n-test) must be an integer >= 1"),
+    ("unknown model", lambda d: ["--models", "nope"], "unknown model 'nope'"),
+    ("page is a directory", lambda d: ["--page", str(d)], "is a directory; give the path of the markdown file"),
+    ("page inside a file", lambda d: ["--page", str(write(d / "f.txt", "x", raw=True) / "r.md")],
+     "--page's directory"),
+    ("missing data dir", lambda d: ["--tasks", "all", "--data-dir", str(d / "nowhere")], "no such task directory"),
+    ("readme without markers", lambda d: ["--readme", str(write(d / "README.md", "# no block", raw=True))],
+     "add the two markers"),
+]
+
+
+@pytest.mark.parametrize("case", REPORT_CASES, ids=[c[0] for c in REPORT_CASES])
+def test_report_command_bad_input(case, tmp_path, capsys):
+    from site_interp.report import main as report_main
+
+    name, setup, expected = case
+    out = tmp_path / "out"
+    argv = [*REPORT, "--out", str(out), "--page", str(tmp_path / "page" / "r.md"), *setup(tmp_path)]
+    assert report_main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and expected in err[0], err
+    assert not (tmp_path / "page" / "r.md").exists()

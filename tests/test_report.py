@@ -175,7 +175,9 @@ TINY = ["--models", "tiny-llama", "--tasks", "capitalize", "first_letter", "past
 
 def test_report_end_to_end_numbers_come_from_the_artifacts_and_a_rerun_computes_nothing(tmp_path, capsys):
     page = tmp_path / "docs" / "results.md"
-    argv = [*TINY, "--out", str(tmp_path / "runs"), "--page", str(page)]
+    readme = tmp_path / "README.md"
+    readme.write_text("# x\n\n<!-- results:begin -->\nold numbers\n<!-- results:end -->\n\nrest\n")
+    argv = [*TINY, "--out", str(tmp_path / "runs"), "--page", str(page), "--readme", str(readme)]
     assert report_main(argv) == 0
     text = page.read_text()
     for heading in ("## The paper's claims", "### Methods on 3 tasks", "### 3 × 3 alpha transfer",
@@ -192,6 +194,9 @@ def test_report_end_to_end_numbers_come_from_the_artifacts_and_a_rerun_computes_
     expected = np.mean([np.mean(v) for v in acc.values()])
     row = next(line for line in text.splitlines() if line.startswith("| SITE | 2 | 3 |"))
     assert row.split("|")[4].strip() == f"{expected:.1f}"
+    head = readme.read_text()
+    assert "old numbers" not in head and head.endswith("<!-- results:end -->\n\nrest\n")
+    assert "[docs/results.md](docs/results.md)" in head and "SITE " in head
     for png in re.findall(r"\]\((img/results/[^)]+\.png)\)", text):
         assert (page.parent / png).stat().st_size > 1000
     artifacts = {p: p.stat().st_mtime_ns for p in runs.rglob("*") if p.is_file()}

@@ -71,7 +71,7 @@ class ReportConfig:
         check_subset(self.seeded_methods, "seeded_methods", METHODS)
         check_subset(self.single_seed_methods, "single_seed_methods", METHODS)
         check_float(self.overlap_threshold, "overlap_threshold", minimum=0.0, maximum=1.0)
-        check_int(self.n_perm, "n_perm", minimum=1)
+        check_int(self.n_perm, "n_perm", minimum=1, option="--n-perm")
 
     def comparison(self, methods: Sequence[str], seeds: Sequence[int], tasks: Sequence[Task]) -> ComparisonConfig:
         names = {t.name for t in tasks}
