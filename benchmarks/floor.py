@@ -1,0 +1,222 @@
+"""Floor model (issue #17): every stage's measured time against its arithmetic floor.
+
+    OMP_NUM_THREADS=1 python benchmarks/floor.py --small            # 4 FV tasks, small settings: runs every stage
+    OMP_NUM_THREADS=1 python benchmarks/floor.py --fv57 --from-run runs/fv57   # census of FV-57 + a run's stage seconds
+
+Per stage (task embeddings, prefix caches, training steps, validation, test evaluation,
+generation for exact match, transfer rows): the rows and tokens it processes, its matmul FLOPs
+(``floor_model``: transformer blocks, attention at the lengths it runs, the unembedding where
+logits are computed; in training, the backward to the activations only, the weights being frozen),
+the rate ``torch.matmul`` sustains on this machine at the same shapes, dtype and thread count
+(``floor_measure.Rates``, measured in the same run), the floor = sum over its matmuls of FLOPs /
+rate at that shape, the measured seconds and measured / floor, and the peak RSS while it ran.
+
+``--small`` runs the stages itself with the library's functions (as ``pipeline.run_tasks`` and
+``transfer_matrix`` do), recording every forward, and reports the census beside the recording
+(they must agree; generation's census is an upper bound, the recording is what ran).
+``--fv57`` needs no model forward: the census of all 57 tasks at the default settings, the rates,
+and, with ``--from-run``, the seconds a run's artifacts record (``embedding.json``: per task;
+``alphas.json``: training per group = prefix caches + steps + validation). Nothing is asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from floor_census import STAGES, census  # noqa: E402
+from floor_measure import ForwardRecorder, Rates, StageClock  # noqa: E402
+from floor_model import Dims, Forward, merge, totals  # noqa: E402
+
+FV57 = Path(__file__).resolve().parents[2] / "shared" / "data" / "fv57"
+SMALL_TASKS = ("antonym", "country-capital", "present-past", "sentiment")
+
+
+def small_config():
+    from site_interp import EmbeddingConfig, EvalConfig, SiteConfig
+    from site_interp.pipeline import RunConfig
+
+    return RunConfig(embedding=EmbeddingConfig(n_prompts=16), site=SiteConfig(steps=40, eval_every=20, n_valid=32),
+                     eval=EvalConfig(n_test=16))
+
+
+def run_stages(bridge, tasks, cfg, clock: StageClock, *, transfer_n_test: int | None) -> None:
+    """Every stage on ``tasks`` through the library, each in ``clock.stage``; inside training,
+    the prefix caches and validations get their own stages (wrapped for the run, then restored)."""
+    from site_interp import compute_task_embedding, evaluate, train_site_many
+    from site_interp import scoring
+    from site_interp.evaluation import standard_methods
+    from site_interp.studies.transfer import transfer_matrix
+
+    with clock.stage("task embeddings"):
+        embs = [compute_task_embedding(bridge, t, cfg.embedding, progress=False) for t in tasks]
+    build, mean_losses = scoring.prefix_cache_for, scoring.LastTokenScorer.mean_losses
+
+    def timed_build(*args, **kwargs):
+        with clock.stage("prefix caches"):
+            return build(*args, **kwargs)
+
+    def timed_validation(self, *args, **kwargs):
+        with clock.stage("validation"):
+            return mean_losses(self, *args, **kwargs)
+
+    scoring.prefix_cache_for, scoring.LastTokenScorer.mean_losses = timed_build, timed_validation
+    try:
+        with clock.stage("training steps"):
+            torch.manual_seed(cfg.site.seed)
+            sites = train_site_many(bridge, tasks, embs, cfg.site, progress=False)
+    finally:
+        scoring.prefix_cache_for, scoring.LastTokenScorer.mean_losses = build, mean_losses
+    methods = [standard_methods(e.t, s.alpha, cfg.eval.n_shots) for e, s in zip(embs, sites)]
+    first_token = type(cfg.eval)(**{**cfg.eval.to_dict(), "exact_match": False})
+    with clock.stage("test evaluation"):
+        for t, m in zip(tasks, methods):
+            evaluate(bridge, t, m, first_token, progress=False)
+    exact = type(cfg.eval)(**{**cfg.eval.to_dict(), "exact_match": True})
+    with clock.stage("generation (exact match)"):
+        for t, m in zip(tasks, methods):
+            evaluate(bridge, t, m, exact, progress=False)
+    with clock.stage("transfer rows"):
+        transfer_matrix(bridge, tasks, {t.name: e.t for t, e in zip(tasks, embs)},
+                        {t.name: s.alpha for t, s in zip(tasks, sites)}, n_test=transfer_n_test, progress=False)
+
+
+def stage_row(dims: Dims, rates: Rates, name: str, forwards: list[Forward], measured_s: float | None,
+              peak_mb: float | None, note: str = "") -> dict:
+    tot = totals(dims, forwards)
+    floor_s = rates.seconds(dims, forwards) if forwards else 0.0
+    return {"stage": name, **tot, "gflop": tot["flops"] / 1e9,
+            "rate_gflop_s": tot["flops"] / floor_s / 1e9 if floor_s else None, "floor_s": floor_s,
+            "measured_s": measured_s, "ratio": measured_s / floor_s if measured_s is not None and floor_s else None,
+            "peak_mb": peak_mb, "note": note}
+
+
+def table(rows: list[dict]) -> str:
+    def f(x, spec):
+        return "—" if x is None else format(x, spec)
+
+    lines = ["| stage | rows | tokens (real) | GFLOP | rate GFLOP/s at its shapes | floor s | measured s | "
+             "measured / floor | peak MB |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['stage']}{r['note']} | {r['rows']} | {r['tokens']} ({r['real_tokens']}) | "
+                     f"{r['gflop']:.1f} | {f(r['rate_gflop_s'], '.1f')} | {r['floor_s']:.1f} | "
+                     f"{f(r['measured_s'], '.1f')} | {f(r['ratio'], '.2f')} | {f(r['peak_mb'], '.0f')} |")
+    return "\n".join(lines)
+
+
+def small(args, bridge, dims: Dims, rates: Rates) -> dict:
+    from site_interp.tasks import load_task_dir
+
+    tasks = list(load_task_dir(args.data_dir, args.tasks).values())
+    cfg = small_config()
+    clock = StageClock()
+    recorder = ForwardRecorder(bridge, clock)
+    t0 = time.perf_counter()
+    run_stages(bridge, tasks, cfg, clock, transfer_n_test=cfg.eval.n_test)
+    wall = time.perf_counter() - t0
+    recorder.close()
+    planned = census(bridge, tasks, cfg, eval_shots=(0, cfg.eval.n_shots, 0), transfer_n_test=cfg.eval.n_test)
+    rows, agree = [], {}
+    for name in STAGES:
+        ran = recorder.forwards.get(name, [])
+        key = lambda f: (f.rows, f.q_len, f.k_len, f.logits_rows, f.backward, f.real_tokens)  # noqa: E731
+        agree[name] = sorted(map(key, merge(ran))) == sorted(map(key, merge(planned["stages"][name])))
+        rows.append(stage_row(dims, rates, name, ran, clock.seconds[name], clock.peak_mb[name]))
+    ub = totals(dims, planned["stages"]["generation (exact match)"])
+    return {"tasks": [t.name for t in tasks], "config": cfg.to_dict(), "wall_s": wall, "stages": rows,
+            "census_equals_recorded": agree, "generation_upper_bound_gflop": ub["flops"] / 1e9,
+            "peak_rss_resettable": clock.resettable, "untracked_forwards": len(recorder.forwards.get(None, []))}
+
+
+def fv57(args, bridge, dims: Dims, rates: Rates) -> dict:
+    from site_interp.artifacts import read_json
+    from site_interp.pipeline import RunConfig, task_dir
+    from site_interp.tasks import load_task_dir
+
+    tasks = list(load_task_dir(args.data_dir).values())
+    cfg = RunConfig()
+    t0 = time.perf_counter()
+    plan = census(bridge, tasks, cfg, eval_shots=(0, cfg.eval.n_shots, 0), transfer_n_test=cfg.eval.n_test)
+    census_s = time.perf_counter() - t0
+    seconds: dict[str, dict[str, float]] = {"embedding": {}, "alphas": {}}
+    if args.from_run:
+        for t in tasks:
+            for kind in seconds:
+                side = task_dir(args.from_run, bridge, t) / f"{kind}.json"
+                if side.exists():
+                    meta = read_json(side)
+                    stored = meta.get("key", {}).get("embedding")
+                    if stored == cfg.embedding.to_dict() and (kind == "embedding" or
+                                                              meta["key"].get("site") == cfg.site.result_key()):
+                        seconds[kind][t.name] = float(meta["seconds"])
+    rows = []
+    for name in STAGES:
+        fw = plan["stages"][name]
+        note = " (upper bound)" if name in plan["upper_bound"] else ""
+        rows.append(stage_row(dims, rates, name, fw, None, None, note))
+    done = [n for n in plan["embedding_by_task"] if n in seconds["embedding"]]
+    if done:
+        fw = [f for n in done for f in plan["embedding_by_task"][n]]
+        rows.append(stage_row(dims, rates, "task embeddings", fw, sum(seconds["embedding"][n] for n in done), None,
+                              f", measured: {len(done)} of {len(tasks)} tasks"))
+    groups = [g for g in plan["training_groups"] if all(n in seconds["alphas"] for n in g["tasks"])]
+    if groups:
+        fw = [f for g in groups for s in ("prefix caches", "training steps", "validation") for f in g[s]]
+        n = sum(len(g["tasks"]) for g in groups)
+        rows.append(stage_row(dims, rates, "training (caches + steps + validation)", fw,
+                              sum(seconds["alphas"][t] for g in groups for t in g["tasks"]), None,
+                              f", measured: {len(groups)} of {len(plan['training_groups'])} groups, {n} tasks"))
+    return {"tasks": len(tasks), "config": cfg.to_dict(), "census_s": census_s, "from_run": args.from_run,
+            "training_groups": [g["tasks"] for g in plan["training_groups"]], "stages": rows}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="gemma-3-270m")
+    p.add_argument("--data-dir", default=str(FV57))
+    p.add_argument("--small", action="store_true", help="run every stage on --tasks at small settings")
+    p.add_argument("--tasks", nargs="+", default=list(SMALL_TASKS), help="the small run's tasks")
+    p.add_argument("--fv57", action="store_true", help="census of all FV-57 tasks at the default settings")
+    p.add_argument("--from-run", default=None, help="a run's --out: measured seconds from its artifacts")
+    p.add_argument("--contiguous-unembed", action="store_true",
+                   help="experiment: make the unembedding's input contiguous (logits_to_keep=1 slices the last "
+                        "position, and F.linear on that strided 3-D view runs as a bmm reading the weights once per row)")
+    p.add_argument("--out", default="runs/floor.json", help="the report (JSON)")
+    args = p.parse_args()
+    from site_interp import load_model
+    from site_interp.artifacts import write_json
+
+    bridge = load_model(args.model)
+    if args.contiguous_unembed:  # the library change proposed in docs/performance.md, tried here only
+        head = bridge.original_model.get_output_embeddings()
+        head.register_forward_pre_hook(lambda module, inputs: (inputs[0].contiguous(), *inputs[1:]))
+    dims = Dims.of(bridge)
+    rates = Rates(bridge.cfg.dtype)
+    report = {"model": args.model, "dims": dims.to_dict(), "threads": torch.get_num_threads(),
+              "contiguous_unembed": args.contiguous_unembed}
+    for flag, fn in (("small", small), ("fv57", fv57)):
+        if getattr(args, flag):
+            t0 = time.perf_counter()
+            report[flag] = fn(args, bridge, dims, rates)
+            report[flag]["total_s"] = time.perf_counter() - t0
+            print(f"\n{flag} ({report['threads']} thread(s), {dims.dtype}):\n" + table(report[flag]["stages"]), flush=True)
+            if flag == "small":
+                r = report[flag]
+                same = [k for k, v in r["census_equals_recorded"].items() if v]
+                print(f"census = recorded forwards: {', '.join(same)}; generation: "
+                      f"{r['stages'][STAGES.index('generation (exact match)')]['gflop']:.0f} GFLOP ran, census upper bound "
+                      f"{r['generation_upper_bound_gflop']:.0f}; wall {r['wall_s']:.0f} s", flush=True)
+    report["rates"] = rates.to_dict()
+    write_json(args.out, report)
+    print(f"written {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
