@@ -209,3 +209,50 @@ def test_report_end_to_end_numbers_come_from_the_artifacts_and_a_rerun_computes_
     assert report_main([*argv, "--report-only", "--n-test", "4"]) == 2
     assert "n_test" in capsys.readouterr().err
     assert {p: p.stat().st_mtime_ns for p in runs.rglob("*") if p.is_file()} == artifacts
+
+
+def _evidence(rows, alphas=None, patching=None):
+    from site_interp.studies.results_data import ModelEvidence
+
+    scores = _scores(rows)
+    scores = pd.concat([scores, scores.assign(metric="exact_match", accuracy=scores["accuracy"] - 5)])
+    tasks = sorted(set(scores["task"]))
+    kinds = {t: "abstractive" for t in tasks}
+    methods = list(dict.fromkeys(scores["method"]))
+    diffs = [d for a, b in (("site", "icl"), ("site", "lora"), ("site", "uniform-0.5"), ("site", "uniform-1"))
+             for m in ev.METRICS if (d := ev.paired_difference(scores, a, b, m)) is not None]
+    patching = patching if patching is not None else pd.DataFrame(columns=["task", "k", "top", "bottom", "random", "site", "zero_shot"])
+    return ModelEvidence(model_id="org/toy-model", tasks=tasks, kinds=kinds, scores=scores,
+                         summary=ev.method_summary(scores, kinds, methods), differences=diffs,
+                         gaps=ev.metric_gaps(scores, [], "site"), binary=ev.binary_share(alphas or {}),
+                         patching=patching, patching_claim=ev.patching_claim(patching), transfer=None, similarity=None,
+                         overlap=None, order=tasks, linkage=None, overlap_vs_transfer={}, kind_separation={},
+                         seconds={}, trained={0: len(tasks)})
+
+
+def test_claim_verdicts_follow_the_intervals():
+    from site_interp.studies.results_page import claims_rows
+
+    rng = np.random.default_rng(3)
+    rows = []
+    for i in range(30):
+        base = rng.uniform(20, 60)
+        for s in range(3):
+            rows += [(f"t{i}", "icl", s, base + rng.normal(0, 2)), (f"t{i}", "site", s, base + 12 + rng.normal(0, 2)),
+                     (f"t{i}", "uniform-0.5", s, base + 12 + rng.normal(0, 20)),
+                     (f"t{i}", "uniform-1", s, base - 10 + rng.normal(0, 2))]
+        rows.append((f"t{i}", "lora", 0, base + 30))
+    near = {f"t{i}": [np.r_[np.zeros(50), np.ones(40), np.full(10, 0.5)]] for i in range(30)}  # 90% near-binary
+    patching = pd.DataFrame([{"task": f"t{i}", "k": 5, "top": 40.0 + i % 3, "bottom": 2.0, "random": 10.0,
+                              "site": 50.0, "zero_shot": 0.0} for i in range(30)])
+    claims = {c: (text, v) for c, text, v in claims_rows(_evidence(rows, near, patching))}
+    text, verdict = claims["SITE beats 10-shot ICL"]
+    assert verdict == "holds" and 11.0 < float(text.split()[0]) < 13.0 and "3 seeds" in text
+    assert claims["SITE ahead of LoRA"][1] == "does not hold"
+    assert claims["SITE beats uniform alphas"][1] == "unresolved"  # beats uniform 1 clearly, uniform 0.5 within noise
+    assert claims["alphas near-binary (< 0.1 or > 0.9)"][1] == "holds"
+    assert claims["top-k heads recover SITE, bottom-k do not"][1] == "holds"
+    weak = patching.assign(top=10.0)  # top beats bottom but recovers only 20% of SITE
+    claims = {c: v for c, _, v in claims_rows(_evidence(rows, {"t0": [np.full(72, 0.5)]}, weak))}
+    assert claims["top-k heads recover SITE, bottom-k do not"] == "does not hold"
+    assert claims["alphas near-binary (< 0.1 or > 0.9)"] == "does not hold"
