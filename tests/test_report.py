@@ -184,6 +184,8 @@ def test_report_end_to_end_numbers_come_from_the_artifacts_and_a_rerun_computes_
                     "### Does head overlap predict transfer?", "## Compute"):
         assert heading in text
     assert "transfer done" in text and "patching 3/3" in text
+    per_task = text.split("<details>")[1].split("</details>")[0]
+    assert all(f"| {t} |" in per_task for t in ("capitalize", "first_letter", "past_tense"))
     # the SITE first-token mean on the page is the mean over tasks of the seed means in the artifacts
     runs = tmp_path / "runs"
     acc: dict[str, list[float]] = {}
@@ -256,3 +258,16 @@ def test_claim_verdicts_follow_the_intervals():
     claims = {c: v for c, _, v in claims_rows(_evidence(rows, {"t0": [np.full(72, 0.5)]}, weak))}
     assert claims["top-k heads recover SITE, bottom-k do not"] == "does not hold"
     assert claims["alphas near-binary (< 0.1 or > 0.9)"] == "does not hold"
+
+
+def test_a_partial_run_lists_every_task(tmp_path):
+    page = tmp_path / "results.md"
+    argv = [*TINY, "--seeds", "0", "--parts", "core", "--out", str(tmp_path / "runs"), "--page", str(page)]
+    assert report_main(argv) == 0
+    (alphas,) = list((tmp_path / "runs").rglob("past_tense/alphas.safetensors"))
+    alphas.unlink()  # as if that task's training had not finished yet
+    assert report_main([*argv, "--report-only"]) == 0
+    text = page.read_text()
+    assert "trained alphas per seed s0: 2" in text and "transfer not yet" in text
+    per_task = text.split("<details>")[1].split("</details>")[0]
+    assert all(f"| {t} |" in per_task for t in ("capitalize", "first_letter", "past_tense"))

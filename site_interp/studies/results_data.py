@@ -107,7 +107,7 @@ class ModelEvidence:
     similarity: pd.DataFrame | None
     overlap: pd.DataFrame | None
     order: list[str]
-    """Tasks in dendrogram order (input order when there is no similarity)."""
+    """Every task: those with seed-0 alphas in dendrogram order, then the rest in input order."""
     linkage: np.ndarray | None
     overlap_vs_transfer: dict[str, dict[str, float]]
     kind_separation: dict[str, float]
@@ -151,7 +151,8 @@ def gather(model_id: str, tasks: Sequence[Task], cfg: ReportConfig, out: str | P
     if len(first_alphas) >= 3:
         sim = similarity_matrix(first_alphas, "jaccard", threshold=cfg.overlap_threshold)
         overlap = overlap_table(first_alphas, threshold=cfg.overlap_threshold, n_perm=cfg.n_perm)
-        linkage, order = cluster_tasks(sim)
+        linkage, clustered = cluster_tasks(sim)
+        order = clustered + [t for t in order if t not in clustered]  # untrained tasks last
         kind_sep = ev.kind_separation(sim, kinds, n_perm=cfg.n_perm)
         if transfer is not None:
             m = transfer.matrix
