@@ -68,7 +68,7 @@ def prefix_forwards(bridge, segments: Sequence[Sequence[Sequence[int]]], *, fast
         width = max(len(ids) for ids in token_ids)
         for i in range(0, len(token_ids), PREFIX_BATCH):
             chunk = token_ids[i : i + PREFIX_BATCH]
-            out.append(Forward(len(chunk), width - 1, width - 1, len(chunk),
+            out.append(Forward(len(chunk), width - 1, width - 1, 0,  # no unembedding (prefix_cache._no_unembedding)
                                real_tokens=sum(len(ids) - 1 for ids in chunk)))
         return prefix_cache.PrefixCache([], [], torch.ones(len(token_ids), width, dtype=torch.long),
                                         torch.zeros(len(token_ids), 1, dtype=torch.long), None)

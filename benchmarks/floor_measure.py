@@ -37,6 +37,9 @@ class ForwardRecorder:
         self.clock = clock
         self.forwards: dict[str | None, list[Forward]] = defaultdict(list)
         self._handle = bridge.original_model.register_forward_pre_hook(self._pre, with_kwargs=True)
+        # the positions really unembedded (a forward run for its cache unembeds none)
+        self._head = bridge.original_model.get_output_embeddings().register_forward_hook(self._logits)
+        self._last: tuple[str | None, int] | None = None
 
     def _pre(self, module, args, kwargs) -> None:
         ids = kwargs.get("input_ids", args[0] if args else None)
@@ -48,9 +51,17 @@ class ForwardRecorder:
         stage = self.clock.current if self.clock is not None else None
         self.forwards[stage].append(Forward(rows, q, k, rows * (min(keep, q) if keep else q),
                                             torch.is_grad_enabled(), real_tokens=real))
+        self._last = (stage, len(self.forwards[stage]) - 1)
+
+    def _logits(self, module, inputs, output) -> None:
+        if self._last is not None:
+            stage, i = self._last
+            f = self.forwards[stage][i]
+            self.forwards[stage][i] = Forward(**{**vars(f), "logits_rows": int(output.shape[0] * output.shape[1])})
 
     def close(self) -> None:
         self._handle.remove()
+        self._head.remove()
 
 
 def _hwm_kib() -> int:

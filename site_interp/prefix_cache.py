@@ -11,6 +11,7 @@ stores it in pieces of similar prompt widths.
 from __future__ import annotations
 
 import logging
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
@@ -68,6 +69,23 @@ class PrefixCache:
         """A fresh cache (and last tokens, mask) for ``rows``; the stored tensors are untouched."""
         keys, values, mask, last = self.gather(rows)
         return _dynamic_cache(keys, values, self.hf_config), last, mask
+
+
+@contextmanager
+def _no_unembedding(bridge: TransformerBridge):
+    """Within the block the unembedding sees zero positions (logits of shape ``[batch, 0, vocab]``):
+    a forward run for its keys and values skips the vocabulary product (for gemma-3-270m about
+    0.34 GFLOP per prompt, some 12% of a 12-token prefix)."""
+    model = getattr(bridge, "original_model", None)
+    head = model.get_output_embeddings() if model is not None and hasattr(model, "get_output_embeddings") else None
+    if head is None:
+        yield
+        return
+    handle = head.register_forward_pre_hook(lambda module, inputs: (inputs[0][:, :0], *inputs[1:]))
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 def _dynamic_cache(keys: list[Tensor], values: list[Tensor], hf_config):
@@ -191,9 +209,10 @@ def build_prefix_cache(
     starts = range(0, len(token_ids), batch_size)
     for start in tqdm(starts, desc="prefix cache", disable=not progress, leave=False):
         sl = slice(start, start + batch_size)
-        _, cache = bridge(
-            ids[sl, :-1], attention_mask=mask[sl, :-1], return_type="logits_and_cache", logits_to_keep=1
-        )
+        with _no_unembedding(bridge):  # only the keys and values are kept
+            _, cache = bridge(
+                ids[sl, :-1], attention_mask=mask[sl, :-1], return_type="logits_and_cache", logits_to_keep=1
+            )
         for i, layer in enumerate(cache.layers):
             if len(keys) <= i:
                 keys.append([])
