@@ -187,12 +187,14 @@ def main() -> int:
     p.add_argument("--strided-unembed", action="store_true",
                    help="measure the old path: remove loading.contiguous_unembedding's pre-hook, so the unembedding "
                         "of logits_to_keep=1 runs on a strided view (a bmm reading the weights once per row)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                   help="model and rate dtype (bfloat16 on CPU uses AVX-512 BF16 where the CPU has it)")
     p.add_argument("--out", default="runs/floor.json", help="the report (JSON)")
     args = p.parse_args()
     from site_interp import load_model
     from site_interp.artifacts import write_json
 
-    bridge = load_model(args.model)
+    bridge = load_model(args.model, dtype=getattr(torch, args.dtype))
     if args.strided_unembed:  # undo loading.contiguous_unembedding (added at load since issue #17)
         head = bridge.original_model.get_output_embeddings()
         head._site_contiguous.remove()
