@@ -226,7 +226,7 @@ def _evidence(rows, alphas=None, patching=None):
     patching = patching if patching is not None else pd.DataFrame(columns=["task", "k", "top", "bottom", "random", "site", "zero_shot"])
     return ModelEvidence(model_id="org/toy-model", tasks=tasks, kinds=kinds, scores=scores,
                          summary=ev.method_summary(scores, kinds, methods), differences=diffs,
-                         gaps=ev.metric_gaps(scores, [], "site"), binary=ev.binary_share(alphas or {}),
+                         gaps=ev.metric_gaps(scores, [], "site"), gaps_method="site", binary=ev.binary_share(alphas or {}),
                          patching=patching, patching_claim=ev.patching_claim(patching), transfer=None, similarity=None,
                          overlap=None, order=tasks, linkage=None, overlap_vs_transfer={}, kind_separation={},
                          seconds={}, trained={0: len(tasks)})

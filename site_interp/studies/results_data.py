@@ -99,7 +99,8 @@ class ModelEvidence:
     """:func:`~site_interp.studies.evidence.method_summary`."""
     differences: list[ev.Difference]
     gaps: pd.DataFrame
-    """Tasks where SITE's first-token and exact-match accuracy differ most."""
+    """Tasks where first-token and exact-match accuracy of ``gaps_method`` differ most."""
+    gaps_method: str
     binary: dict[str, float]
     patching: pd.DataFrame
     patching_claim: dict[str, float]
@@ -136,6 +137,8 @@ def gather(model_id: str, tasks: Sequence[Task], cfg: ReportConfig, out: str | P
     summary = ev.method_summary(scores, kinds, methods)
     diffs = [d for a, b in PAIRS for metric in ev.METRICS
              if (d := ev.paired_difference(scores, a, b, metric)) is not None]
+    gaps_method = "site" if (scores["method"] == "site").any() else "icl"  # SITE's, or ICL's before SITE ran
+    gaps = ev.metric_gaps(scores, results, gaps_method)
     configs = {s: cfg.seed_run(s) for s in cfg.seeds}
     outs = {s: seed_out(out, s) for s in cfg.seeds}
     alphas = alphas_by_seed(model_id, tasks, configs, outs)
@@ -160,7 +163,7 @@ def gather(model_id: str, tasks: Sequence[Task], cfg: ReportConfig, out: str | P
                         "centred": ev.mantel(sim, ev.centred_transfer(m), n_perm=cfg.n_perm)}
     return ModelEvidence(
         model_id=model_id, tasks=[t.name for t in tasks], kinds=kinds, scores=scores, summary=summary,
-        differences=diffs, gaps=ev.metric_gaps(scores, results, "site"),
+        differences=diffs, gaps=gaps, gaps_method=gaps_method,
         binary=ev.binary_share({t: list(v.values()) for t, v in alphas.items()}), patching=patching,
         patching_claim=ev.patching_claim(patching), transfer=transfer, similarity=sim, overlap=overlap,
         order=order, linkage=linkage, overlap_vs_transfer=relation, kind_separation=kind_sep,

@@ -292,7 +292,7 @@ def render(evidence: Sequence[ModelEvidence], cfg: ReportConfig, *, command: str
         out += [f"## {short}", "", f"### Methods on {len(e.tasks)} tasks ({e.model_id})", "", summary_table(e, n_shots), "",
                 "Seed spread: max − min over seeds of the mean over tasks (seeds that ran every task).", "",
                 differences_table(e, n_shots), "",
-                "### Where first token and exact match disagree (SITE)", "", gaps_table(e), "",
+                f"### Where first token and exact match disagree ({display_names(n_shots).get(e.gaps_method, e.gaps_method)})", "", gaps_table(e), "",
                 "<details><summary>Per task (exact match where measured, else first token; ± half the seed "
                 "range)</summary>", "", per_task_table(e, methods, n_shots), "", "</details>", "",
                 "### Patching over all tasks", "",
