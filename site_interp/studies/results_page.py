@@ -32,6 +32,11 @@ def _f(x: float, sign: bool = False) -> str:
     return f"{x:+.1f}" if sign else f"{x:.1f}"
 
 
+def _p(p: float) -> str:
+    """A permutation p-value: its resolution is 1 / (permutations + 1), so tiny ones read "< 0.001"."""
+    return "< 0.001" if p < 0.001 else f"= {p:.3f}"
+
+
 def _ci(lo: float, hi: float, sign: bool = False) -> str:
     return f"[{_f(lo, sign)}, {_f(hi, sign)}]"
 
@@ -212,7 +217,7 @@ def overlap_text(e: ModelEvidence, cfg: ReportConfig) -> str:
             f"{o['jaccard'].mean():.3f} against a null mean of {o['null_mean'].mean():.3f}.")
     if k:
         text += (f" Pairs of the same kind: mean Jaccard {k['within']:.3f}; of different kinds {k['across']:.3f} "
-                 f"(label permutation p = {k['p_value']:.3f}).")
+                 f"(label permutation p {_p(k['p_value'])}).")
     return text
 
 
@@ -224,14 +229,14 @@ def relation_text(e: ModelEvidence) -> str:
     if math.isnan(c["rho"]):
         return "_Undefined: the head overlap or the transfer matrix is constant._"
     if c["p_value"] < 0.05 and c["rho"] > 0:
-        answer = f"**Yes**: task pairs that share more heads transfer better (Spearman ρ = {c['rho']:.2f}, Mantel p = {c['p_value']:.4f})"
+        answer = f"**Yes**: task pairs that share more heads transfer better (Spearman ρ = {c['rho']:.2f}, Mantel p {_p(c['p_value'])})"
     elif c["p_value"] < 0.05:
-        answer = f"**No, the opposite**: more shared heads, worse transfer (ρ = {c['rho']:.2f}, Mantel p = {c['p_value']:.4f})"
+        answer = f"**No, the opposite**: more shared heads, worse transfer (ρ = {c['rho']:.2f}, Mantel p {_p(c['p_value'])})"
     else:
-        answer = f"**Not detectably**: ρ = {c['rho']:.2f}, Mantel p = {c['p_value']:.3f}"
+        answer = f"**Not detectably**: ρ = {c['rho']:.2f}, Mantel p {_p(c['p_value'])}"
     return (f"{answer}, over {c['pairs']:,} ordered pairs of {c['tasks']} tasks; transfer centred per target task "
             f"(minus the mean of other tasks' alphas on it) so that easy targets do not drive it. Uncentred accuracy: "
-            f"ρ = {raw['rho']:.2f}, p = {raw['p_value']:.4f}. The p-value shuffles whole tasks (pairs sharing a task "
+            f"ρ = {raw['rho']:.2f}, p {_p(raw['p_value'])}. The p-value shuffles whole tasks (pairs sharing a task "
             f"are not independent).")
 
 
