@@ -27,8 +27,7 @@ from site_interp.loading import model_context
 from site_interp.prompts import build_prompts, icl_prompt_batch, zero_shot_batch
 from site_interp.studies.transfer import REFERENCES
 from site_interp.tasks.core import Task
-from site_interp.trainer import step_schedule
-from site_interp.training import SiteConfig, _groups
+from site_interp.training import SiteConfig, training_groups, training_rows
 
 from floor_model import Forward
 
@@ -112,16 +111,10 @@ def training_census(bridge, tasks: Sequence[Task], cfg: SiteConfig, max_cache_gi
     of its steps (forward + backward to the activations) and of its validations."""
     groups = []
     n_validations = sum(1 for s in range(1, cfg.steps + 1) if s % cfg.eval_every == 0 or s == cfg.steps)
-    for group in _groups(bridge, tasks, cfg, max_cache_gib):
+    for group in training_groups(bridge, tasks, cfg, max_cache_gib):
         members = [tasks[k] for k in group]
-        schedules, train_ids = [], []
-        for task in members:
-            order = step_schedule(len(task.train), cfg.steps, cfg.batch_size, cfg.seed)
-            used = sorted({i for rows in order for i in rows})
-            local = {row: k for k, row in enumerate(used)}
-            schedules.append([[local[i] for i in rows] for rows in order])
-            subset = Task(task.name, [task.train[i] for i in used], task.valid, task.test)
-            train_ids.append(zero_shot_batch(bridge, subset, "train").token_ids)
+        schedules, batches = zip(*(training_rows(bridge, task, cfg) for task in members))
+        train_ids = [b.token_ids for b in batches]
         valid_ids = [zero_shot_batch(bridge, task, "valid", cfg.n_valid).token_ids for task in members]
         build_t, w_t = prefix_forwards(bridge, train_ids, fast=cfg.fast, max_cache_gib=max_cache_gib)
         build_v, w_v = prefix_forwards(bridge, valid_ids, fast=cfg.fast, max_cache_gib=max_cache_gib)

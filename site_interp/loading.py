@@ -403,6 +403,12 @@ def load_model(
     return bridge
 
 
+def output_head(bridge: TransformerBridge) -> torch.nn.Module | None:
+    """The wrapped Hugging Face model's unembedding module (None if it has none)."""
+    model = getattr(bridge, "original_model", None)
+    return model.get_output_embeddings() if model is not None and hasattr(model, "get_output_embeddings") else None
+
+
 def contiguous_unembedding(bridge: TransformerBridge) -> bool:
     """Make the unembedding's input contiguous (once per model; returns whether it was added).
 
@@ -413,8 +419,7 @@ def contiguous_unembedding(bridge: TransformerBridge) -> bool:
     it one matrix product. Same logits up to float rounding (the products are summed in another
     order); every forward that keeps logits for the last token only gains.
     """
-    model = getattr(bridge, "original_model", None)
-    head = model.get_output_embeddings() if model is not None and hasattr(model, "get_output_embeddings") else None
+    head = output_head(bridge)
     if head is None or getattr(head, "_site_contiguous", False):
         return False
     head._site_contiguous = head.register_forward_pre_hook(lambda module, inputs: (inputs[0].contiguous(), *inputs[1:]))

@@ -22,7 +22,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from site_interp.batching import PREFIX_PIECE_OVERHEAD_TOKENS, unsplit, width_buckets
-from site_interp.loading import model_device
+from site_interp.loading import model_device, output_head
 from site_interp.prompts import left_pad, pad_id
 
 if TYPE_CHECKING:
@@ -76,8 +76,7 @@ def _no_unembedding(bridge: TransformerBridge):
     """Within the block the unembedding sees zero positions (logits of shape ``[batch, 0, vocab]``):
     a forward run for its keys and values skips the vocabulary product (for gemma-3-270m about
     0.34 GFLOP per prompt, some 12% of a 12-token prefix)."""
-    model = getattr(bridge, "original_model", None)
-    head = model.get_output_embeddings() if model is not None and hasattr(model, "get_output_embeddings") else None
+    head = output_head(bridge)
     if head is None:
         yield
         return

@@ -143,7 +143,7 @@ def train_site_many(
     caller knows, e.g. the model id); the checkpoint is removed after ``on_group``.
     """
     results: dict[int, SiteResult] = {}
-    for group in _groups(bridge, tasks, config, max_cache_gib):
+    for group in training_groups(bridge, tasks, config, max_cache_gib):
         members, embs = [tasks[k] for k in group], [embeddings[k] for k in group]
         checkpoint = None
         if checkpoint_dir is not None:
@@ -166,7 +166,17 @@ def _tensor_hash(t: Tensor) -> str:
     return hashlib.sha256(t.detach().float().cpu().contiguous().numpy().tobytes()).hexdigest()[:16]
 
 
-def _groups(bridge: TransformerBridge, tasks: Sequence[Task], config: SiteConfig, max_cache_gib: float) -> list[list[int]]:
+def training_rows(bridge: TransformerBridge, task: Task, config: SiteConfig, template: PromptTemplate = DEFAULT_TEMPLATE):
+    """``task``'s step schedule as if trained alone (per step, rows of the batch) and the 0-shot
+    batch of the training examples it visits (only those are prepared at all)."""
+    order = step_schedule(len(task.train), config.steps, config.batch_size, config.seed)
+    used = sorted({i for rows in order for i in rows})
+    local = {row: k for k, row in enumerate(used)}
+    subset = Task(task.name, [task.train[i] for i in used], task.valid, task.test)
+    return [[local[i] for i in rows] for rows in order], zero_shot_batch(bridge, subset, "train", template=template)
+
+
+def training_groups(bridge: TransformerBridge, tasks: Sequence[Task], config: SiteConfig, max_cache_gib: float) -> list[list[int]]:
     """Groups of task indices whose training + validation caches fit the budget.
 
     Tasks are taken shortest prompts first, so that rows padded together have similar lengths.
@@ -212,14 +222,7 @@ def _train_joint(
             f"{bridge.cfg.n_layers} x {bridge.cfg.n_heads}: they were made with another model"
         )
     # each task's schedule as if trained alone; only the examples it visits are prepared at all
-    schedules, train_batches = [], []
-    for task in tasks:
-        order = step_schedule(len(task.train), config.steps, config.batch_size, config.seed)
-        used = sorted({i for rows in order for i in rows})
-        local = {row: k for k, row in enumerate(used)}
-        schedules.append([[local[i] for i in rows] for rows in order])
-        subset = Task(task.name, [task.train[i] for i in used], task.valid, task.test)
-        train_batches.append(zero_shot_batch(bridge, subset, "train", template=template))
+    schedules, train_batches = map(list, zip(*(training_rows(bridge, task, config, template) for task in tasks)))
     train = LastTokenScorer(bridge, train_batches, fast=config.fast, max_cache_gib=max_cache_gib, progress=progress)
     valid_batches = [zero_shot_batch(bridge, task, "valid", config.n_valid, template=template) for task in tasks]
     valid = LastTokenScorer(bridge, valid_batches, fast=config.fast, max_cache_gib=max_cache_gib, progress=progress)
@@ -254,4 +257,4 @@ def uniform_alpha(n_layers: int, n_heads: int, value: float = 0.5) -> Float[Tens
     return torch.full((n_layers, n_heads), float(value))
 
 
-__all__ = ["SiteConfig", "SiteResult", "train_site", "train_site_many", "uniform_alpha"]
+__all__ = ["SiteConfig", "SiteResult", "train_site", "train_site_many", "training_groups", "training_rows", "uniform_alpha"]

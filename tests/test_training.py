@@ -95,22 +95,22 @@ def test_embedding_from_another_model_is_refused(tiny_llama, toy):
 def test_groups_take_shortest_prompts_first_whatever_the_valid_split_size(tiny_llama):
     from dataclasses import replace
 
-    from site_interp.training import _groups
+    from site_interp.training import training_groups
     from site_interp.tasks import Task
 
     short = toy_task("short")
     pairs = [{"input": "abcdefghijklmnopqrst"[: 15 + i % 5], "output": "a"} for i in range(600)]
     long = Task("long", pairs[:40], pairs[40:540], pairs[540:])  # 500 valid examples, only 8 used
     cfg = replace(CFG, n_valid=8)
-    assert _groups(tiny_llama, [long, short], cfg, 4.0) == [[1, 0]]
+    assert training_groups(tiny_llama, [long, short], cfg, 4.0) == [[1, 0]]
 
 
 def test_tasks_are_grouped_by_cache_budget_with_the_same_result(tiny_llama):
-    from site_interp.training import _groups
+    from site_interp.training import training_groups
 
     tasks = [toy_task("t1"), toy_task("t2"), toy_task("t3")]
-    assert _groups(tiny_llama, tasks, CFG, 4.0) == [[0, 1, 2]]
-    assert _groups(tiny_llama, tasks, CFG, 1e-9) == [[0], [1], [2]]
+    assert training_groups(tiny_llama, tasks, CFG, 4.0) == [[0, 1, 2]]
+    assert training_groups(tiny_llama, tasks, CFG, 1e-9) == [[0], [1], [2]]
     embs = [compute_task_embedding(tiny_llama, t, EmbeddingConfig(n_prompts=4, n_shots=2), progress=False) for t in tasks]
     one = train_site_many(tiny_llama, tasks, embs, CFG, progress=False)
     seen: list[tuple[list[int], list[str]]] = []

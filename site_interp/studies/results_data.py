@@ -80,7 +80,7 @@ class ReportConfig:
                                 fv=self.fv, fv_rank_tasks=rank, tv=self.tv, lora=self.lora)
 
     def seed_run(self, seed: int) -> RunConfig:
-        return seed_config(self.comparison(("site",), (seed,), []), seed)
+        return seed_config(ComparisonConfig(run=self.run), seed)
 
     def to_dict(self) -> dict:
         return asdict(self)
