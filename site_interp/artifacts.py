@@ -207,7 +207,8 @@ def load_if_valid(
 ) -> tuple[dict[str, torch.Tensor], dict] | None:
     """The tensors and sidecar of a cached artifact whose key equals ``key``.
 
-    ``None`` when there is none, or when it is damaged: a truncated or unreadable file, a sidecar
+    ``None`` when there is none (a sidecar alone counts as none: its tensors were set aside), or
+    when it is damaged: a truncated or unreadable file, a sidecar
     that is not JSON or lacks its key, tensors and sidecar from two different writes, or content
     that ``check(tensors, meta)`` rejects (raising :class:`DamagedArtifact`). A damaged artifact
     is named in a warning and recomputed by the caller, never a dead end. Raises
@@ -215,11 +216,14 @@ def load_if_valid(
     """
     path = Path(path)
     sidecar = path.with_suffix(".json")
-    if not path.exists() and not sidecar.exists():
+    if not path.exists():
+        # No tensors: never computed, or set aside on purpose (a results store keeps the sidecar's
+        # record and drops bulky tensors, see docs/results.md). Writes put the tensors first, so
+        # no interrupted write leaves a sidecar alone.
         return None
     try:
-        if not path.exists() or not sidecar.exists():
-            raise DamagedArtifact(f"{(sidecar if path.exists() else path).name} is missing")
+        if not sidecar.exists():
+            raise DamagedArtifact(f"{sidecar.name} is missing")
         meta = _read_json_object(sidecar)
         try:
             with safe_open(str(path), framework="pt") as f:

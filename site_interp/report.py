@@ -58,7 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"what to compute, in this order: {' '.join(PARTS)} (default: all)")
     r.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="seeds of ICL, uniform alphas and SITE (0 1 2)")
     r.add_argument("--report-only", action="store_true", help="compute nothing: write the page from what exists")
-    r.add_argument("--out", default="runs/fv57", help="artifact directory (runs/fv57)")
+    r.add_argument("--out", default="results/fv57",
+                   help="artifact directory (results/fv57: the committed results store, see docs/results.md)")
     r.add_argument("--page", default="docs/results.md", help="the page to write (docs/results.md)")
     r.add_argument("--figures-dir", default=None, help="where the figures go (default: <page dir>/img/results)")
     r.add_argument("--readme", default=None,

@@ -271,3 +271,27 @@ def test_a_partial_run_lists_every_task(tmp_path):
     assert "trained alphas per seed s0: 2" in text and "transfer not yet" in text
     per_task = text.split("<details>")[1].split("</details>")[0]
     assert all(f"| {t} |" in per_task for t in ("capitalize", "first_letter", "past_tense"))
+
+
+def test_a_results_store_without_embeddings_resumes_without_recomputing(tmp_path):
+    """The committed store (results/fv57) keeps every result and alphas but sets aside embeddings
+    and LoRA weights (.gitignore): a fresh clone must reuse all of it, and a missing study row
+    must be recomputed from a re-made embedding of that task alone, to the same numbers."""
+    out = tmp_path / "store"
+    argv = [*TINY, "--seeds", "0", "--out", str(out), "--page", str(tmp_path / "results.md")]
+    assert report_main(argv) == 0
+    text = (tmp_path / "results.md").read_text()
+    for p in [*out.rglob("embedding.safetensors"), *out.rglob("lora.safetensors")]:
+        p.unlink()
+    assert not list(out.rglob("embedding.safetensors")) and list(out.rglob("embedding.json"))
+    kept = {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()}
+    assert report_main(argv) == 0
+    assert {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()} == kept  # nothing recomputed
+    model_dir = next(d for d in out.iterdir() if d.is_dir())
+    (model_dir / "first_letter" / "patching.json").unlink()
+    (model_dir / "transfer" / "first_letter.json").unlink()
+    assert report_main(argv) == 0
+    assert [p.parent.name for p in out.rglob("embedding.safetensors")] == ["first_letter"]
+    assert (model_dir / "first_letter" / "patching.json").is_file()
+    body = lambda t: t.split("\n", 3)[3]  # noqa: E731
+    assert body((tmp_path / "results.md").read_text()) == body(text)

@@ -225,16 +225,25 @@ def collect_results(bridge: TransformerBridge | str, tasks: list[Task], cfg: Com
     for seed in cfg.seeds:
         run_cfg, out_s = seed_config(cfg, seed), seed_out(out, seed)
         runs: dict[str, TaskRun] = {}
-        if compute and any(m in EMBEDDING_METHODS for m in methods):
-            runs = {r.task.name: r for r in run_tasks(bridge, tasks, run_cfg, out_s, progress=progress,
-                                                      evaluate_methods=False)}
-        aie, rank_names, rank_s = None, [], 0.0
+        rank_names: list[str] = []
         if "fv" in methods:
             rank_names = list(cfg.fv_rank_tasks) if cfg.fv_rank_tasks else [task.name for task in tasks[:6]]
             missing = [n for n in rank_names if n not in names]
             if missing:
                 raise TaskError(f"--fv-rank-tasks {missing} are not among the benchmark's tasks")
-            if compute:
+        if compute:
+            # the SITE pipeline (embedding, alphas) only for tasks with an embedding method still to
+            # run: finished columns need neither, so a results store without embeddings resumes cheaply
+            pending = [task for task in tasks if _pending(bridge, task, cfg, run_cfg, out_s, rank_names)]
+            if pending and "fv" in methods and not all(_fv_done(bridge, task, cfg, run_cfg, out_s, rank_names)
+                                                       for task in tasks):
+                pending = [task for task in tasks if task in pending or task.name in rank_names]
+            if pending:
+                runs = {r.task.name: r for r in run_tasks(bridge, pending, run_cfg, out_s, progress=progress,
+                                                          evaluate_methods=False)}
+        aie, rank_s = None, 0.0
+        if "fv" in methods:
+            if compute and any(not _fv_done(bridge, task, cfg, run_cfg, out_s, rank_names) for task in tasks):
                 aie, rank_s = _fv_ranking(bridge, runs, cfg, run_cfg, out_s, rank_names, progress)
             else:
                 rank_s = sum(_seconds(task_dir(out_s, bridge, task) / "bench" / "fv_aie.json")
@@ -257,6 +266,20 @@ def collect_results(bridge: TransformerBridge | str, tasks: list[Task], cfg: Com
                          "fv_ranking_s": rank_s / len(tasks) if method == "fv" else 0.0}
                 results.append({"seed": seed, "task": task.name, "method": method, **done, "stages": stage})
     return results
+
+
+def _pending(bridge: TransformerBridge, task: Task, cfg: ComparisonConfig, run_cfg: RunConfig, out: Path,
+             rank_names: list[str]) -> bool:
+    """Whether an embedding method of ``cfg`` has no valid result for ``task`` yet."""
+    directory = task_dir(out, bridge, task) / "bench"
+    return any(load_json_if_valid(directory / f"{m}.json", _method_key(bridge, task, cfg, run_cfg, m, rank_names)) is None
+               for m in cfg.methods if m in EMBEDDING_METHODS)
+
+
+def _fv_done(bridge: TransformerBridge, task: Task, cfg: ComparisonConfig, run_cfg: RunConfig, out: Path,
+             rank_names: list[str]) -> bool:
+    path = task_dir(out, bridge, task) / "bench" / "fv.json"
+    return load_json_if_valid(path, _method_key(bridge, task, cfg, run_cfg, "fv", rank_names)) is not None
 
 
 def _run_method(bridge: TransformerBridge, task: Task, run: TaskRun | None, method: str, cfg: ComparisonConfig, run_cfg: RunConfig,

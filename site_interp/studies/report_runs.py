@@ -5,7 +5,8 @@
   (alpha > 0.5, at least 1), first-token accuracy. One JSON artifact per task.
 * :func:`transfer_columns` -- the T x T alpha-transfer matrix (first token), computed a few target
   columns at a time; one JSON artifact per target column.
-* :func:`load_seed_runs` -- the embeddings and alphas of every task for one seed, read only.
+* :func:`load_seed_runs` -- the embeddings and alphas of one seed's tasks (embeddings recomputed
+  when they were set aside; alphas never trained here).
 
 Artifacts live beside the comparison's, under ``<out>/<model>/<task>/`` (``patching.json``) and
 ``<out>/<model>/transfer/<target>.json``; each is keyed by the model, the tasks' fingerprints and
@@ -26,7 +27,7 @@ from tqdm.auto import tqdm
 
 from site_interp.artifacts import load_json_if_valid, read_json, save_json_artifact, slug
 from site_interp.checks import check_int
-from site_interp.pipeline import RunConfig, alpha_key, load_alphas, load_embedding, model_id, task_dir
+from site_interp.pipeline import RunConfig, alpha_key, get_embedding, load_alphas, load_embedding, model_id, task_dir
 from site_interp.studies.patching import PatchConfig, patching_sweep
 from site_interp.studies.transfer import REFERENCES, TransferResult, concat_transfer, transfer_matrix
 from site_interp.tasks.core import Task
@@ -55,15 +56,30 @@ class ScaleConfig:
         return asdict(self)
 
 
-def load_seed_runs(model: TransformerBridge | str, tasks: Sequence[Task], cfg: RunConfig, out: str | Path
-                   ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """(embeddings, alphas) of the tasks whose both artifacts exist for ``cfg`` under ``out``."""
+def load_seed_runs(model: TransformerBridge | str, tasks: Sequence[Task], cfg: RunConfig, out: str | Path, *,
+                   embeddings_for: Sequence[str] | None = None) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """(embeddings, alphas) of one seed's tasks that have trained alphas under ``out``.
+
+    Embeddings are returned for ``embeddings_for`` (default: every task with alphas); one whose
+    artifact is missing (a results store keeps alphas but not embeddings) is recomputed and saved
+    when ``model`` is a bridge, else left out -- with its alphas, so both dicts agree on the tasks
+    that can be studied. Alphas are never trained here (that is the core part's job).
+    """
+    wanted = None if embeddings_for is None else set(embeddings_for)
     embeddings, alphas = {}, {}
     for task in tasks:
         directory = task_dir(out, model, task)
         site = load_alphas(model, task, cfg, directory)
-        emb = load_embedding(model, task, cfg, directory) if site is not None else None
-        if site is not None and emb is not None:
+        if site is None:
+            continue
+        if wanted is not None and task.name not in wanted:
+            alphas[task.name] = site.alpha
+            continue
+        if isinstance(model, str):
+            emb = load_embedding(model, task, cfg, directory)
+        else:
+            emb, _ = get_embedding(model, task, cfg, directory, progress=False)
+        if emb is not None:
             embeddings[task.name], alphas[task.name] = emb.t, site.alpha
     return embeddings, alphas
 
@@ -85,12 +101,14 @@ def patching_rows(bridge: TransformerBridge | str, tasks: Sequence[Task], run_cf
     Tasks without trained alphas are skipped; ``compute=False`` only reads cached rows.
     """
     rows = []
-    embeddings, alphas = load_seed_runs(bridge, tasks, run_cfg, out) if compute else ({}, {})
+    paths = {t.name: task_dir(out, bridge, t) / "patching.json" for t in tasks}
+    keys = {t.name: _patching_key(bridge, t, run_cfg, cfg) for t in tasks}
+    cached = {t.name: load_json_if_valid(paths[t.name], keys[t.name]) for t in tasks}
+    todo = [name for name, done in cached.items() if done is None]
+    embeddings, alphas = load_seed_runs(bridge, tasks, run_cfg, out, embeddings_for=todo) if compute and todo else ({}, {})
     for task in tqdm(tasks, desc="patching", disable=not progress or not compute):
-        path = task_dir(out, bridge, task) / "patching.json"
-        key = _patching_key(bridge, task, run_cfg, cfg)
-        done = load_json_if_valid(path, key)
-        if done is None and compute and task.name in alphas:
+        path, key, done = paths[task.name], keys[task.name], cached[task.name]
+        if done is None and compute and task.name in embeddings:
             alpha = alphas[task.name]
             k = selected_k(alpha)
             res = patching_sweep(bridge, task, embeddings[task.name], alpha,
@@ -129,8 +147,8 @@ def transfer_columns(bridge: TransformerBridge | str, tasks: Sequence[Task], run
             parts[t.name] = _column_from_json(done, t.name, [s.name for s in tasks])
     missing = [t for t in tasks if t.name not in parts]
     if missing and compute:
-        embeddings, alphas = load_seed_runs(bridge, tasks, run_cfg, out)
-        if len(alphas) == len(tasks):
+        embeddings, alphas = load_seed_runs(bridge, tasks, run_cfg, out, embeddings_for=[t.name for t in missing])
+        if len(alphas) == len(tasks) and all(t.name in embeddings for t in missing):
             groups = [missing[i:i + cfg.columns_per_part] for i in range(0, len(missing), cfg.columns_per_part)]
             for group in tqdm(groups, desc="transfer columns", disable=not progress):
                 res = transfer_matrix(bridge, group, embeddings, alphas, n_test=cfg.n_test, progress=False,
