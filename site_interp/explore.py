@@ -18,7 +18,7 @@ from site_interp.errors import UserError
 from site_interp.explorer.cards import CardConfig
 from site_interp.explorer.data import find_runs, load_run_data
 from site_interp.explorer.export import ExportConfig, export_html
-from site_interp.explorer.session import ExplorerSession, model_name_for
+from site_interp.explorer.session import ExplorerSession, load_run_model
 from site_interp.loading import load_model
 
 
@@ -49,7 +49,7 @@ def body(args: argparse.Namespace) -> int:
     bridge = None
     if not args.no_model:
         t0 = time.perf_counter()
-        bridge = load_model(args.model or model_name_for(data.model_id))
+        bridge = load_model(args.model) if args.model else load_run_model(data)
         print(f"model {data.model_id} loaded in {time.perf_counter() - t0:.1f} s", flush=True)
     session = ExplorerSession(data, bridge, data_dir=args.data_dir, loader=None,
                               config=CardConfig(n_test=args.n_test, n_shots=args.n_shots))

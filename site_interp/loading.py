@@ -138,12 +138,40 @@ def available_models() -> list[str]:
 
 
 def default_dtype(device: str | torch.device) -> torch.dtype:
-    """float32 on CPU (exact, and as fast as bf16 there), bfloat16 on CUDA."""
+    """float32 on CPU (the reference arithmetic; ``--dtype bfloat16`` is an option there, see
+    docs/performance.md), bfloat16 on CUDA."""
     return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
 
 
 def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+PRECISION_MARK = "@"
+"""Separates a model id from the precision it computed in (``google/gemma-3-270m@bfloat16``)."""
+
+
+def precision_tag(dtype: torch.dtype, load_in_4bit: bool = False) -> str:
+    """What a model id records of the arithmetic: nothing for float32 weights (the CPU default,
+    and every artifact made before this tag), else ``@bfloat16``, ``@float16``, ``@4bit-bfloat16``.
+    Artifacts are keyed by the model id, so results of two precisions are never mixed."""
+    if dtype == torch.float32 and not load_in_4bit:
+        return ""
+    name = str(dtype).removeprefix("torch.")
+    return f"{PRECISION_MARK}4bit-{name}" if load_in_4bit else f"{PRECISION_MARK}{name}"
+
+
+def split_precision(run_model_id: str) -> tuple[str, torch.dtype | None, bool]:
+    """``google/gemma-3-270m@bfloat16`` -> (``google/gemma-3-270m``, torch.bfloat16, False): what
+    :func:`load_model` needs to load the model of an artifact again in its precision."""
+    base, mark, tag = run_model_id.rpartition(PRECISION_MARK)
+    if not mark or "/" in tag:  # no tag (a local directory may contain '@' in a parent folder)
+        return run_model_id, torch.float32, False
+    four = tag.startswith("4bit-")
+    dtype = getattr(torch, tag.removeprefix("4bit-"), None)
+    if not isinstance(dtype, torch.dtype):
+        return run_model_id, torch.float32, False
+    return base, dtype, four
 
 
 @contextlib.contextmanager
@@ -262,7 +290,8 @@ class LoadedModelInfo:
     name: str
     """What the user asked for (short name, directory or hub id)."""
     model_id: str
-    """Stable identifier recorded in artifacts (hub id, or the resolved directory)."""
+    """Stable identifier recorded in artifacts (hub id, or the resolved directory), with the
+    :func:`precision_tag` when the weights are not float32."""
     load_seconds: float
     """Wall time of the load, conversion included."""
     converted: bool
@@ -327,14 +356,16 @@ def _local_or_hub(name: str, *, check_hub: bool) -> tuple[str, str]:
     )
 
 
-def resolve_model_id(name: str) -> str:
-    """The model id :func:`load_model` records for ``name`` in artifacts, without loading it
-    (e.g. a sweep's driver checks artifacts before any worker has the model)."""
+def resolve_model_id(name: str, *, device: str | None = None, dtype: torch.dtype | None = None,
+                     device_map: str | dict | None = None, load_in_4bit: bool = False) -> str:
+    """The model id :func:`load_model` records for ``name`` loaded with these options, without
+    loading it (e.g. a sweep's driver checks artifacts before any worker has the model). It ends
+    in the :func:`precision_tag` unless the weights are float32."""
     if name in TINY_MODELS:
         return f"site-interp/{name}-seed0"
-    if name in EMBEDDED_MODELS:
-        return EMBEDDED_MODELS[name].hf_id
-    return _local_or_hub(name, check_hub=False)[1]
+    base = EMBEDDED_MODELS[name].hf_id if name in EMBEDDED_MODELS else _local_or_hub(name, check_hub=False)[1]
+    dtype = dtype or default_dtype("cuda" if device_map else (device or default_device()))
+    return base + precision_tag(dtype, load_in_4bit)
 
 
 def load_model(
@@ -396,7 +427,7 @@ def load_model(
     contiguous_unembedding(bridge)
     bridge.site_info = LoadedModelInfo(
         name=name,
-        model_id=model_id,
+        model_id=model_id + precision_tag(dtype, load_in_4bit),
         load_seconds=time.perf_counter() - t0,
         converted=converted,
     )

@@ -25,6 +25,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 
+import torch
+
 from site_interp import cli
 from site_interp.artifacts import write_text
 from site_interp.embeddings import EmbeddingConfig
@@ -143,7 +145,9 @@ def body(args: argparse.Namespace, argv: Sequence[str]) -> int:
             raise UserError(f"--readme {args.readme} is not a file with a {BEGIN} ... {END} block; add the two "
                             "markers where the headline should go")
     models = args.models or list(EMBEDDED)
-    model_ids = [resolve_model_id(m) for m in models]
+    dtype = getattr(torch, args.dtype) if args.dtype else None
+    model_ids = [resolve_model_id(m, device=args.device, dtype=dtype, device_map=args.device_map,
+                                  load_in_4bit=args.load_in_4bit) for m in models]
     if not args.report_only:
         for name in models:
             bridge = cli.load_from_args(argparse.Namespace(model=name, device=args.device, dtype=args.dtype,

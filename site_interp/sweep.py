@@ -146,7 +146,8 @@ def body(args: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
     ray_executor = RayExecutor(args.address, replicas=args.replicas, num_cpus=args.ray_cpus) \
         if args.executor == "ray" and not args.report_only else None  # a report computes nothing: no cluster
     try:
-        placements = plan_placement(grid.models) if args.report_only else plan_placement(  # a report loads nothing
+        placements = plan_placement(grid.models, dtype=args.dtype, load_in_4bit=args.load_in_4bit) \
+            if args.report_only else plan_placement(  # a report loads nothing, but finds the artifacts by precision
             grid.models, executor=args.executor, device=args.device, device_map=args.device_map, dtype=args.dtype,
             load_in_4bit=args.load_in_4bit,
             gpus_per_model={m: gpu_map.get(m, gpus) for m in grid.models} if args.gpus_per_model else None,

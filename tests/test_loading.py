@@ -90,3 +90,44 @@ def test_smollm2_gqa_and_bos():
     start = float(valid.mean_losses(torch.full((1, 30, 9), 0.5), emb.t[None])[0])
     assert res.best_step > 0 and res.best_valid_loss < start
     assert float(valid.mean_losses(res.alpha[None], emb.t[None])[0]) == pytest.approx(res.best_valid_loss, rel=1e-4)
+
+
+@pytest.mark.parametrize("dtype, four, tag", [("float32", False, ""), ("bfloat16", False, "@bfloat16"),
+                                              ("float16", False, "@float16"), ("bfloat16", True, "@4bit-bfloat16")])
+def test_precision_tag_round_trips(dtype, four, tag):
+    import torch
+
+    dt = getattr(torch, dtype)
+    assert loading.precision_tag(dt, four) == tag
+    assert loading.split_precision("org/model" + tag) == ("org/model", dt, four)
+
+
+def test_a_directory_with_an_at_sign_is_not_a_precision():
+    import torch
+
+    for path in ("/data/me@lab/model", "org/model@v2", "/x/m@float32/sub"):
+        assert loading.split_precision(path) == (path, torch.float32, False)
+
+
+def test_the_model_id_records_a_non_float32_precision():
+    """Artifacts are keyed by the model id, so bf16 results can never be reused as float32 ones."""
+    import torch
+
+    assert loading.resolve_model_id("gemma-3-270m") == "google/gemma-3-270m"  # CPU default: float32
+    assert loading.resolve_model_id("gemma-3-270m", dtype=torch.bfloat16) == "google/gemma-3-270m@bfloat16"
+    assert loading.resolve_model_id("gemma-3-270m", device="cuda") == "google/gemma-3-270m@bfloat16"
+    assert loading.resolve_model_id("gemma-3-270m", device_map="auto", load_in_4bit=True) == \
+        "google/gemma-3-270m@4bit-bfloat16"
+    assert loading.resolve_model_id("tiny-llama", dtype=torch.bfloat16) == "site-interp/tiny-llama-seed0"
+
+
+@pytest.mark.slow
+def test_gemma_in_bfloat16_carries_its_precision_and_reloads_from_it():
+    import torch
+
+    from site_interp.explorer.session import model_name_for
+
+    b = loading.load_model("gemma-3-270m", device="cpu", dtype=torch.bfloat16)
+    assert next(b.parameters()).dtype == torch.bfloat16
+    assert b.site_info.model_id == loading.resolve_model_id("gemma-3-270m", dtype=torch.bfloat16)
+    assert model_name_for(b.site_info.model_id) == "gemma-3-270m"

@@ -134,6 +134,8 @@ def test_expected_model_id_matches_the_loaded_model():
         assert expected_model_id(name) == load_model(name).site_info.model_id
     assert expected_model_id("gemma-3-270m") == "google/gemma-3-270m"
     assert expected_model_id("org/some-model") == "org/some-model"
+    bf16 = plan_placement(["gemma-3-270m"], available_gpus=0, dtype="bfloat16")["gemma-3-270m"]
+    assert expected_model_id("gemma-3-270m", bf16) == "google/gemma-3-270m@bfloat16"  # the worker's id
     with pytest.raises(UserError, match="nonsense"):
         expected_model_id("nonsense")
 

@@ -25,7 +25,7 @@ from site_interp.explorer.cards import (
     head_effects,
 )
 from site_interp.explorer.data import RunData, resolve_task, task_folder
-from site_interp.loading import EMBEDDED_MODELS, load_model
+from site_interp.loading import EMBEDDED_MODELS, load_model, split_precision
 from site_interp.pipeline import model_id
 from site_interp.tasks.core import Task
 
@@ -40,16 +40,18 @@ class ModelMismatchError(UserError):
 def model_name_for(run_model_id: str) -> str:
     """What :func:`~site_interp.loading.load_model` needs to load ``run_model_id`` again: the
     embedded model's short name when it is one (``google/gemma-3-270m`` -> ``gemma-3-270m``),
-    else the id itself (a local directory, or a hub id)."""
+    else the id itself (a local directory, or a hub id), without its precision tag."""
+    base = split_precision(run_model_id)[0]
     for name, spec in EMBEDDED_MODELS.items():
-        if spec.hf_id == run_model_id:
+        if spec.hf_id == base:
             return name
-    return run_model_id
+    return base
 
 
 def load_run_model(data: RunData) -> TransformerBridge:
-    """Load the model ``data`` was trained on (see :func:`model_name_for`)."""
-    return load_model(model_name_for(data.model_id))
+    """Load the model ``data`` was trained on, in its precision (see :func:`model_name_for`)."""
+    _, dtype, four = split_precision(data.model_id)
+    return load_model(model_name_for(data.model_id), dtype=dtype, load_in_4bit=four)
 
 
 class ExplorerSession:

@@ -53,12 +53,14 @@ cell must be retried on a restarted actor. Read by the driver and handed to the 
 RAY_INSTALL = 'pip install -e ".[ray]"  (or: pip install "ray>=2.9")'
 
 
-def expected_model_id(name: str) -> str:
-    """The model id that :func:`~site_interp.loading.load_model` gives ``name``, without loading
-    it (:func:`~site_interp.loading.resolve_model_id`): the driver checks artifacts before any
+def expected_model_id(name: str, placement: Placement | None = None) -> str:
+    """The model id that :func:`~site_interp.loading.load_model` gives ``name`` with
+    ``placement``'s options (its precision tag included), without loading it
+    (:func:`~site_interp.loading.resolve_model_id`): the driver checks artifacts before any
     worker has the model. Unknown models are a one-line error naming ``--models``."""
+    kwargs = _load_kwargs(placement) if placement is not None else {}
     try:
-        return resolve_model_id(name)
+        return resolve_model_id(name, **kwargs)
     except ModelError as err:
         raise ModelError(f"--models: {err}") from None
 
@@ -125,10 +127,15 @@ def compute_cell(bridge: TransformerBridge, job: CellJob, *, progress: bool = Fa
                        worker=f"{socket.gethostname()}:{os.getpid()}")
 
 
-def _load(model: str, placement: Placement) -> TransformerBridge:
+def _load_kwargs(placement: Placement) -> dict:
+    """:func:`~site_interp.loading.load_model`'s options of ``placement`` (dtype as a torch dtype)."""
     kwargs = placement.load_kwargs()
     kwargs["dtype"] = getattr(torch, kwargs["dtype"]) if kwargs["dtype"] else None
-    return load_model(model, **kwargs)
+    return kwargs
+
+
+def _load(model: str, placement: Placement) -> TransformerBridge:
+    return load_model(model, **_load_kwargs(placement))
 
 
 def _free(bridge: Any) -> None:

@@ -176,7 +176,8 @@ def run_sweep(
         raise ConfigError("--study runs over every task of a cell: leave out --task-chunk")
     names = [t.name for t in tasks_by_seed[grid.seeds[0]]]
     cells = expand_cells(grid, names)
-    ids = {m: expected_model_id(m) for m in grid.models}
+    placements = getattr(executor, "placements", None) or {}
+    ids = {m: expected_model_id(m, placements.get(m)) for m in grid.models}
     statuses = [CellStatus(c, ids[c.model], n_tasks=len(c.tasks)) for c in cells]
     complete: dict[str, dict[str, TaskRun]] = {}
     jobs: list[CellJob] = []
