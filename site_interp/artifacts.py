@@ -121,6 +121,25 @@ def read_json(path: str | Path) -> Any:
     return json.loads(Path(path).read_text())
 
 
+def read_json_object(path: str | Path, *, warn: bool = True) -> dict | None:
+    """A JSON file's object; None when it is absent, or damaged (unreadable, not an object) --
+    named in a warning, unless ``warn`` is False (a reader that only sums what it finds)."""
+    path = Path(path)
+    if not path.exists():
+        return None
+    try:
+        data = read_json(path)
+    except (OSError, ValueError) as err:
+        reason = str(err)
+    else:
+        if isinstance(data, dict):
+            return data
+        reason = "not a JSON object"
+    if warn:
+        _damaged(path, reason)
+    return None
+
+
 def save_artifact(
     path: str | Path, tensors: Mapping[str, torch.Tensor], key: Mapping[str, Any], info: Mapping[str, Any] | None = None,
     *, seed: int | None = None,

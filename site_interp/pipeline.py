@@ -10,7 +10,6 @@ there. Figures are drawn by the commands (:mod:`site_interp.plots`), not here. U
 from __future__ import annotations
 
 import json
-import logging
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -24,7 +23,7 @@ from site_interp.artifacts import (
     check_tensor,
     load_if_valid,
     provenance,
-    read_json,
+    read_json_object,
     remove_stale_temporaries,
     save_artifact,
     slug,
@@ -40,9 +39,6 @@ from site_interp.training import SiteConfig, SiteResult, train_site_many
 
 if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge
-
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -301,21 +297,6 @@ def save_run(model: TransformerBridge | str, run: TaskRun, cfg: RunConfig, out: 
     return directory
 
 
-def _readable(path: Path) -> dict | None:
-    """A run file's JSON object; None (with a warning naming it) when it is absent or damaged."""
-    if not path.exists():
-        return None
-    try:
-        data = read_json(path)
-    except (OSError, ValueError) as err:
-        log.warning("%s is damaged (%s): recomputing it", path, err)
-        return None
-    if not isinstance(data, dict):
-        log.warning("%s is damaged (not a JSON object): recomputing it", path)
-        return None
-    return data
-
-
 def load_run(model: TransformerBridge | str, task: Task, cfg: RunConfig, out: str | Path) -> TaskRun | None:
     """The finished run of ``task`` under ``out`` (embedding, alphas and evaluation, all made with
     these settings), or None when any part is missing; other settings raise
@@ -326,7 +307,7 @@ def load_run(model: TransformerBridge | str, task: Task, cfg: RunConfig, out: st
     results = directory / "results.json"
     if emb is None or site is None or not results.exists():
         return None
-    data, config = _readable(results), _readable(directory / "config.json")
+    data, config = read_json_object(results), read_json_object(directory / "config.json")
     if data is None or not isinstance(data.get("records"), list):
         return None  # damaged (logged): the evaluation is run again
     stored = config.get("config") if config is not None else None

@@ -119,7 +119,8 @@ def write_page(model_ids: Sequence[str], tasks: list[Task], cfg: ReportConfig, a
         evidence.append(e)
         figures[mid] = {k: os.path.relpath(v, page.parent) for k, v in save_report_figures(e, fig_dir).items()}
     command = " ".join(["python -m site_interp.report", *argv])
-    text = render(evidence, cfg, command=command, figures=figures, generated=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
+    text = render(evidence, cfg, command=command, figures=figures, generated=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                  store=f"the artifacts under `{args.out}` (the results store: docs/commands.md)")
     write_text(page, text + "\n")
     if args.readme:
         readme = Path(args.readme)

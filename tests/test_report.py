@@ -293,5 +293,5 @@ def test_a_results_store_without_embeddings_resumes_without_recomputing(tmp_path
     assert report_main(argv) == 0
     assert [p.parent.name for p in out.rglob("embedding.safetensors")] == ["first_letter"]
     assert (model_dir / "first_letter" / "patching.json").is_file()
-    body = lambda t: t.split("\n", 3)[3]  # noqa: E731
-    assert body((tmp_path / "results.md").read_text()) == body(text)
+    numbers = lambda t: t.split("\n", 3)[3].split("## Compute")[0]  # noqa: E731  (the recomputed row's seconds differ)
+    assert numbers((tmp_path / "results.md").read_text()) == numbers(text)

@@ -25,7 +25,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from site_interp.artifacts import load_json_if_valid, read_json, save_json_artifact, slug
+from site_interp.artifacts import load_json_if_valid, read_json_object, save_json_artifact, slug
 from site_interp.checks import check_int
 from site_interp.pipeline import RunConfig, alpha_key, get_embedding, load_alphas, load_embedding, model_id, task_dir
 from site_interp.studies.patching import PatchConfig, patching_sweep
@@ -200,6 +200,9 @@ def stage_seconds(model: TransformerBridge | str, tasks: Sequence[Task], outs: S
     sessions it took."""
     total: dict[str, float] = {}
 
+    def _recorded_json(path: Path) -> dict:  # absent or unreadable: it adds no time
+        return read_json_object(path, warn=False) or {}
+
     def add(name: str, seconds: float) -> None:
         total[name] = total.get(name, 0.0) + float(seconds)
 
@@ -207,27 +210,18 @@ def stage_seconds(model: TransformerBridge | str, tasks: Sequence[Task], outs: S
         for task in tasks:
             d = task_dir(out, model, task)
             for name, file in (("embedding", "embedding.json"), ("SITE training", "alphas.json")):
-                add(name, _recorded(d / file).get("seconds", 0.0))
+                add(name, _recorded_json(d / file).get("seconds", 0.0))
             for f in sorted((d / "bench").glob("*.json")) if (d / "bench").is_dir() else []:
-                data = _recorded(f)
+                data = _recorded_json(f)
                 if "fit_s" in data:
                     add(f"{f.stem} (fit + eval)", data.get("fit_s", 0.0) + data.get("eval_s", 0.0))
                 elif "seconds" in data:
                     add(f"{f.stem}", data["seconds"])
-            add("patching", _recorded(d / "patching.json").get("row", {}).get("seconds", 0.0))
+            add("patching", _recorded_json(d / "patching.json").get("row", {}).get("seconds", 0.0))
         tdir = Path(out) / slug(model_id(model)) / "transfer"
         for f in sorted(tdir.glob("*.json")) if tdir.is_dir() else []:
-            add("transfer", _recorded(f).get("seconds", 0.0))
+            add("transfer", _recorded_json(f).get("seconds", 0.0))
     return {k: v for k, v in total.items() if v > 0}
-
-
-def _recorded(path: Path) -> dict:
-    """A JSON artifact's content, or {} when it is absent or unreadable (then it adds no time)."""
-    try:
-        data = read_json(path)
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
 
 
 __all__ = ["ScaleConfig", "alphas_by_seed", "load_seed_runs", "patching_rows", "selected_k", "stage_seconds",
