@@ -1,7 +1,7 @@
 """Floor model (issue #17): every stage's measured time against its arithmetic floor.
 
     OMP_NUM_THREADS=1 python benchmarks/floor.py --small            # 4 FV tasks, small settings: runs every stage
-    OMP_NUM_THREADS=1 python benchmarks/floor.py --fv57 --from-run runs/fv57   # census of FV-57 + a run's stage seconds
+    OMP_NUM_THREADS=1 python benchmarks/floor.py --fv57 --from-run results/fv57   # census of FV-57 + a run's stage seconds
 
 Per stage (task embeddings, prefix caches, training steps, validation, test evaluation,
 generation for exact match, transfer rows): the rows and tokens it processes, its matmul FLOPs
@@ -30,7 +30,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from floor_census import STAGES, census  # noqa: E402
+from floor_census import STAGES, census, training_census  # noqa: E402
 from floor_measure import ForwardRecorder, Rates, StageClock  # noqa: E402
 from floor_model import Dims, Forward, merge, totals  # noqa: E402
 
@@ -134,6 +134,22 @@ def small(args, bridge, dims: Dims, rates: Rates) -> dict:
             "peak_rss_resettable": clock.resettable, "untracked_forwards": len(recorder.forwards.get(None, []))}
 
 
+def run_groups(trained_with: dict[str, tuple[str, ...] | None], seconds: dict[str, float]) -> list[list[str]]:
+    """The training groups a run actually had, from its alphas sidecars: their ``trained_with``
+    record, or (alphas saved before that record) tasks whose ``seconds`` -- the group's time
+    divided among its tasks -- are equal to the last digit. Only groups whose every task is present."""
+    groups: dict[tuple, list[str]] = {}
+    for name, members in trained_with.items():
+        groups.setdefault(members if members is not None else (None, seconds[name]), []).append(name)
+    out = []
+    for key, names in groups.items():
+        if key[0] is None:
+            out.append(sorted(names))
+        elif set(key) <= set(trained_with):
+            out.append(list(key))
+    return out
+
+
 def fv57(args, bridge, dims: Dims, rates: Rates) -> dict:
     from site_interp.artifacts import read_json
     from site_interp.pipeline import RunConfig, task_dir
@@ -145,6 +161,7 @@ def fv57(args, bridge, dims: Dims, rates: Rates) -> dict:
     plan = census(bridge, tasks, cfg, eval_shots=(0, cfg.eval.n_shots, 0), transfer_n_test=cfg.eval.n_test)
     census_s = time.perf_counter() - t0
     seconds: dict[str, dict[str, float]] = {"embedding": {}, "alphas": {}}
+    trained_with: dict[str, tuple[str, ...] | None] = {}
     if args.from_run:
         for t in tasks:
             for kind in seconds:
@@ -155,6 +172,8 @@ def fv57(args, bridge, dims: Dims, rates: Rates) -> dict:
                     if stored == cfg.embedding.to_dict() and (kind == "embedding" or
                                                               meta["key"].get("site") == cfg.site.result_key()):
                         seconds[kind][t.name] = float(meta["seconds"])
+                        if kind == "alphas":
+                            trained_with[t.name] = tuple(meta["trained_with"]) if "trained_with" in meta else None
     rows = []
     for name in STAGES:
         fw = plan["stages"][name]
@@ -166,7 +185,10 @@ def fv57(args, bridge, dims: Dims, rates: Rates) -> dict:
         rows.append(stage_row(dims, rates, "task embeddings", fw, sum(seconds["embedding"][n] for n in done), None,
                               f", measured: {len(done)} of {len(tasks)} tasks"))
     groups = [g for g in plan["training_groups"] if all(n in seconds["alphas"] for n in g["tasks"])]
-    if groups:
+    ran = run_groups(trained_with, seconds["alphas"])
+    if ran and not groups:  # the run trained other groups than the plan's (e.g. a report run task chunk by chunk)
+        by_name = {t.name: t for t in tasks}
+        groups = [g for names in ran for g in training_census(bridge, [by_name[n] for n in names], cfg.site)]
         fw = [f for g in groups for s in ("prefix caches", "training steps", "validation") for f in g[s]]
         n = sum(len(g["tasks"]) for g in groups)
         rows.append(stage_row(dims, rates, "training (caches + steps + validation)", fw,

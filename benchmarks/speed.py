@@ -29,6 +29,7 @@ import torch
 from site_interp import EmbeddingConfig, EvalConfig, SiteConfig, compute_task_embedding, evaluate, load_model
 from site_interp.loading import model_context, model_device
 from site_interp.evaluation import Method
+from site_interp.pipeline import RunConfig, get_embedding, task_dir
 from site_interp.prompts import icl_prompt_batch, left_pad, pad_id
 from site_interp.training import train_site, train_site_many
 from site_interp.tasks import load_task_dir
@@ -191,7 +192,9 @@ def p1p2(bridge, args, report: dict) -> None:
     print(f"P1 embedding / plain forward: {report['P1']['ratio']:.3f} "
           f"({report['P1']['embedding_s']:.2f} s vs {report['P1']['plain_s']:.2f} s)", flush=True)
 
-    embs = [compute_task_embedding(bridge, task, EmbeddingConfig(), progress=False) for task in task_list]
+    # embeddings are not part of P2's timing: reuse (and add to) a store's when one is named
+    store = {t.name: task_dir(args.embeddings_from, bridge, t) if args.embeddings_from else None for t in task_list}
+    embs = [get_embedding(bridge, task, RunConfig(), store[task.name], progress=False)[0] for task in task_list]
     report["P2"] = p2(bridge, task_list, embs, args.steps, args.n_test)
     r = report["P2"]
     print(f"P2 training per task: paper {r['paper_s_per_task']:.1f} s, ours {r['ours_s_per_task']:.1f} s "
@@ -206,6 +209,9 @@ def main() -> int:
     p.add_argument("--data-dir", default=str(FV57))
     p.add_argument("--p2-tasks", type=int, default=20, help="tasks trained in one batch for P2 (at most 20)")
     p.add_argument("--no-p1p2", action="store_true", help="skip P1 and P2")
+    p.add_argument("--embeddings-from", default=None,
+                   help="P2's task embeddings: load them from this artifact directory (e.g. results/fv57), "
+                        "computing and saving the missing ones there, instead of computing all of them")
     p.add_argument("--steps", type=int, default=400)
     p.add_argument("--n-test", type=int, default=50)
     p.add_argument("--p3", action="store_true", help="run the full FV-57 pipeline (long on CPU)")

@@ -13,7 +13,7 @@ import json
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 import pandas as pd
 import torch
@@ -177,13 +177,17 @@ def load_alphas(model: TransformerBridge | str, task: Task, cfg: RunConfig, dire
     )
 
 
-def save_alphas(model: TransformerBridge | str, task: Task, cfg: RunConfig, directory: Path, res: SiteResult) -> None:
-    save_artifact(
-        directory / "alphas.safetensors", {"alpha": res.alpha}, alpha_key(model, task, cfg),
-        {"best_step": res.best_step, "best_valid_loss": res.best_valid_loss, "history": res.history,
-         "seconds": res.seconds, "n_selected": res.n_selected, "answer_token_rule": ANSWER_TOKEN_RULE},
-        seed=cfg.site.seed,
-    )
+def save_alphas(model: TransformerBridge | str, task: Task, cfg: RunConfig, directory: Path, res: SiteResult,
+                trained_with: Sequence[str] | None = None) -> None:
+    """``trained_with``: the tasks of its joint training group, recorded so that the time
+    (``seconds`` = the group's time / its tasks) can be set against that group's work
+    (benchmarks/floor.py)."""
+    info = {"best_step": res.best_step, "best_valid_loss": res.best_valid_loss, "history": res.history,
+            "seconds": res.seconds, "n_selected": res.n_selected, "answer_token_rule": ANSWER_TOKEN_RULE}
+    if trained_with is not None:
+        info["trained_with"] = list(trained_with)
+    save_artifact(directory / "alphas.safetensors", {"alpha": res.alpha}, alpha_key(model, task, cfg), info,
+                  seed=cfg.site.seed)
 
 
 def run_tasks(
@@ -226,11 +230,12 @@ def run_tasks(
         torch.manual_seed(cfg.site.seed)
 
         def save_group(group: list[int], trained: list[SiteResult]) -> None:  # as each group ends: resumable
+            names = [tasks[todo[j]].name for j in group]
             for j, res in zip(group, trained):
                 k = todo[j]
                 sites[k] = res
                 if dirs[k] is not None:
-                    save_alphas(bridge, tasks[k], cfg, dirs[k], res)
+                    save_alphas(bridge, tasks[k], cfg, dirs[k], res, trained_with=names)
 
         train_site_many(bridge, [tasks[k] for k in todo], [embs[k] for k in todo], cfg.site, progress=progress,
                         on_group=save_group, checkpoint_dir=checkpoints,

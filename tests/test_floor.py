@@ -182,3 +182,33 @@ def test_rates_are_positive_and_the_floor_adds_up(tiny_llama):
     assert one > 0
     assert rates.seconds(dims, [Forward(2, 8, 8, 2, count=3)]) == pytest.approx(3 * one)
     assert all(r["gflop_per_s"] > 0 for r in rates.to_dict())
+
+
+def test_a_runs_training_groups_are_read_back_from_its_alphas(tmp_path, tiny_llama):
+    """floor.py --from-run sets each group's recorded time against that group's census: the group
+    comes from the sidecars' ``trained_with``, or, for alphas saved before it, from equal seconds."""
+    import json
+
+    from floor import run_groups
+
+    from site_interp.embeddings import EmbeddingConfig
+    from site_interp.evaluation import EvalConfig
+    from site_interp.pipeline import RunConfig, run_tasks
+    from site_interp.tasks.builtin import builtin_task
+    from site_interp.training import SiteConfig
+
+    tasks = [builtin_task(n) for n in ("capitalize", "first_letter", "past_tense")]
+    cfg = RunConfig(EmbeddingConfig(n_prompts=2, n_shots=1), SiteConfig(steps=2, eval_every=2), EvalConfig(n_test=2))
+    run_tasks(tiny_llama, tasks[:2], cfg, tmp_path, progress=False, evaluate_methods=False)  # two runs: two groups
+    run_tasks(tiny_llama, tasks, cfg, tmp_path, progress=False, evaluate_methods=False)
+    sides = {p.parent.name: p for p in tmp_path.rglob("alphas.json")}
+    meta = {n: json.loads(p.read_text()) for n, p in sides.items()}
+    assert {n: tuple(m["trained_with"]) for n, m in meta.items()} == {
+        "capitalize": ("capitalize", "first_letter"), "first_letter": ("capitalize", "first_letter"),
+        "past_tense": ("past_tense",)}
+    recorded = {n: tuple(m["trained_with"]) for n, m in meta.items()}
+    seconds = {n: m["seconds"] for n, m in meta.items()}
+    expected = sorted([["capitalize", "first_letter"], ["past_tense"]])
+    assert sorted(run_groups(recorded, seconds)) == expected
+    assert sorted(run_groups({n: None for n in meta}, seconds)) == expected  # before the record: equal seconds
+    assert run_groups({"capitalize": recorded["capitalize"]}, seconds) == []  # a group missing a task is left out
