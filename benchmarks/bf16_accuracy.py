@@ -92,10 +92,10 @@ def main(argv: list[str] | None = None) -> int:
         noise = _change(seed_groups) if any(seed_groups) else None
         report["metrics"][metric] = {"fp32": float(sub["accuracy_fp32"].mean()), "bf16": float(sub["accuracy_bf16"].mean()),
                                      "precision": prec, "seed": noise}
-        ns = (f"{noise['mean']:+.1f} [{noise['lo']:+.1f}, {noise['hi']:+.1f}] | {noise['mean_abs']:.1f}"
+        ns = (f"{noise['mean']:+.2f} [{noise['lo']:+.2f}, {noise['hi']:+.2f}] | {noise['mean_abs']:.1f}"
               if noise else "— | —")
         print(f"| {metric} | {sub['accuracy_fp32'].mean():.1f} | {sub['accuracy_bf16'].mean():.1f} | "
-              f"{prec['mean']:+.1f} [{prec['lo']:+.1f}, {prec['hi']:+.1f}] | {prec['mean_abs']:.1f} | {ns} |")
+              f"{prec['mean']:+.2f} [{prec['lo']:+.2f}, {prec['hi']:+.2f}] | {prec['mean_abs']:.1f} | {ns} |")
     configs = {s: cfg.seed_run(s) for s in cfg.seeds}
     outs = {s: seed_out(args.out, s) for s in cfg.seeds}
     selected = [t for t in tasks if t.name in names]
