@@ -150,6 +150,20 @@ def run_groups(trained_with: dict[str, tuple[str, ...] | None], seconds: dict[st
     return out
 
 
+def _evaluation_seconds(out: str, bridge, tasks, cfg) -> dict[str, float]:
+    """Per task, the evaluation seconds a comparison run recorded for 0-shot, ICL and SITE (the
+    methods the census evaluates), for tasks that have all three at ``cfg``'s evaluation settings."""
+    from site_interp.artifacts import read_json_object
+    from site_interp.pipeline import task_dir
+
+    seconds = {}
+    for t in tasks:
+        recs = [read_json_object(task_dir(out, bridge, t) / "bench" / f"{m}.json", warn=False) for m in ("0-shot", "icl", "site")]
+        if all(r is not None and r.get("key", {}).get("eval") == cfg.eval.to_dict() for r in recs):
+            seconds[t.name] = sum(float(r["eval_s"]) for r in recs)
+    return seconds
+
+
 def fv57(args, bridge, dims: Dims, rates: Rates) -> dict:
     from site_interp.artifacts import read_json
     from site_interp.pipeline import RunConfig, task_dir
@@ -194,6 +208,11 @@ def fv57(args, bridge, dims: Dims, rates: Rates) -> dict:
         rows.append(stage_row(dims, rates, "training (caches + steps + validation)", fw,
                               sum(seconds["alphas"][t] for g in groups for t in g["tasks"]), None,
                               f", measured: {len(groups)} of {len(plan['training_groups'])} groups, {n} tasks"))
+    evals = _evaluation_seconds(args.from_run, bridge, tasks, cfg) if args.from_run else {}
+    if evals and len(evals) == len(tasks):  # the census plans all tasks' evaluation at once
+        fw = plan["stages"]["test evaluation"] + plan["stages"]["generation (exact match)"]
+        rows.append(stage_row(dims, rates, "test evaluation + generation (0-shot, ICL, SITE)", fw, sum(evals.values()),
+                              None, ", measured: floor from generation's upper bound"))
     return {"tasks": len(tasks), "config": cfg.to_dict(), "census_s": census_s, "from_run": args.from_run,
             "training_groups": [g["tasks"] for g in plan["training_groups"]], "stages": rows}
 
