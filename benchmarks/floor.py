@@ -16,7 +16,9 @@ rate at that shape, the measured seconds and measured / floor, and the peak RSS 
 (they must agree; generation's census is an upper bound, the recording is what ran).
 ``--fv57`` needs no model forward: the census of all 57 tasks at the default settings, the rates,
 and, with ``--from-run``, the seconds a run's artifacts record (``embedding.json``: per task;
-``alphas.json``: training per group = prefix caches + steps + validation). Nothing is asserted.
+``alphas.json``: training per group = prefix caches + steps + validation; ``bench/*.json``: test
+evaluation and generation; ``transfer/*.json``: the 57 x 57 transfer matrix, once every column is
+stored). Nothing is asserted.
 """
 
 from __future__ import annotations
@@ -164,6 +166,20 @@ def _evaluation_seconds(out: str, bridge, tasks, cfg) -> dict[str, float]:
     return seconds
 
 
+def _transfer_rows(out: str, bridge, tasks, cfg, plan: dict, dims: Dims, rates: Rates) -> list[dict]:
+    """P4 measured whole: the seconds the report's stored transfer columns took (its default
+    ``ScaleConfig``, the census's 50 queries per task), once every column of the matrix is there."""
+    from site_interp.studies.report_runs import ScaleConfig, transfer_seconds
+
+    seconds = transfer_seconds(bridge, tasks, cfg, out, ScaleConfig())
+    if len(seconds) < len(tasks):
+        print(f"transfer: {len(seconds)} of {len(tasks)} columns stored; no measured row until all are", file=sys.stderr)
+        return []
+    return [stage_row(dims, rates, f"transfer rows ({len(tasks)} x {len(tasks)}, measured whole)",
+                      plan["stages"]["transfer rows"], sum(seconds.values()), None,
+                      f", measured: {len(seconds)} columns")]
+
+
 def fv57(args, bridge, dims: Dims, rates: Rates) -> dict:
     from site_interp.artifacts import read_json
     from site_interp.pipeline import RunConfig, task_dir
@@ -172,7 +188,9 @@ def fv57(args, bridge, dims: Dims, rates: Rates) -> dict:
     tasks = list(load_task_dir(args.data_dir).values())
     cfg = RunConfig()
     t0 = time.perf_counter()
-    plan = census(bridge, tasks, cfg, eval_shots=(0, cfg.eval.n_shots, 0), transfer_n_test=cfg.eval.n_test)
+    from site_interp.studies.report_runs import ScaleConfig
+
+    plan = census(bridge, tasks, cfg, eval_shots=(0, cfg.eval.n_shots, 0), transfer_n_test=ScaleConfig().n_test)
     census_s = time.perf_counter() - t0
     seconds: dict[str, dict[str, float]] = {"embedding": {}, "alphas": {}}
     trained_with: dict[str, tuple[str, ...] | None] = {}
@@ -213,6 +231,8 @@ def fv57(args, bridge, dims: Dims, rates: Rates) -> dict:
         fw = plan["stages"]["test evaluation"] + plan["stages"]["generation (exact match)"]
         rows.append(stage_row(dims, rates, "test evaluation + generation (0-shot, ICL, SITE)", fw, sum(evals.values()),
                               None, ", measured: floor from generation's upper bound"))
+    if args.from_run:
+        rows += _transfer_rows(args.from_run, bridge, tasks, cfg, plan, dims, rates)
     return {"tasks": len(tasks), "config": cfg.to_dict(), "census_s": census_s, "from_run": args.from_run,
             "training_groups": [g["tasks"] for g in plan["training_groups"]], "stages": rows}
 

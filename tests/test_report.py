@@ -137,10 +137,11 @@ def test_verdicts():
 
 
 def test_transfer_columns_equal_the_whole_matrix_and_resume(tmp_path, tiny_llama, caplog):
+    from site_interp.artifacts import ArtifactMismatchError
     from site_interp.embeddings import EmbeddingConfig
     from site_interp.evaluation import EvalConfig
     from site_interp.pipeline import RunConfig, model_id, run_tasks
-    from site_interp.studies.report_runs import ScaleConfig, load_seed_runs, transfer_columns
+    from site_interp.studies.report_runs import ScaleConfig, load_seed_runs, transfer_columns, transfer_seconds
     from site_interp.studies.transfer import transfer_matrix
     from site_interp.tasks.builtin import builtin_task
     from site_interp.training import SiteConfig
@@ -166,6 +167,14 @@ def test_transfer_columns_equal_the_whole_matrix_and_resume(tmp_path, tiny_llama
     assert "damaged" in caplog.text
     changed = {f.name for f in files if f.stat().st_mtime_ns != stamps[f.name]}
     assert changed == {files[1].name}  # only the damaged column was recomputed
+    seconds = transfer_seconds(tiny_llama, tasks, cfg, tmp_path, scale)  # P4's measured whole, in floor.py
+    assert set(seconds) == {t.name for t in tasks}
+    assert sum(seconds.values()) == pytest.approx(transfer_columns(tiny_llama, tasks, cfg, tmp_path, scale,
+                                                                   compute=False).seconds)
+    with pytest.raises(ArtifactMismatchError, match="n_test: stored 5, requested 4"):  # other settings
+        transfer_seconds(tiny_llama, tasks, cfg, tmp_path, ScaleConfig(n_test=4))
+    with pytest.raises(ArtifactMismatchError, match="sources"):  # another task set
+        transfer_seconds(tiny_llama, tasks[:2], cfg, tmp_path, scale)
 
 
 TINY = ["--models", "tiny-llama", "--tasks", "capitalize", "first_letter", "past_tense", "--data-dir", "",

@@ -166,6 +166,19 @@ def transfer_columns(bridge: TransformerBridge | str, tasks: Sequence[Task], run
     return concat_transfer([parts[t.name] for t in tasks])
 
 
+def transfer_seconds(model: TransformerBridge | str, tasks: Sequence[Task], run_cfg: RunConfig, out: str | Path,
+                     cfg: ScaleConfig = ScaleConfig()) -> dict[str, float]:
+    """Target task -> the seconds its stored transfer column took, for the columns that are valid
+    for ``tasks`` as sources at these settings (read only; what ``transfer_columns`` would reuse)."""
+    directory = Path(out) / slug(model_id(model)) / "transfer"
+    seconds = {}
+    for t in tasks:
+        done = load_json_if_valid(directory / f"{slug(t.name)}.json", _transfer_key(model, t, tasks, run_cfg, cfg))
+        if done is not None:
+            seconds[t.name] = float(done["seconds"])
+    return seconds
+
+
 def _column_to_json(part: TransferResult) -> dict:
     rec = part.records
     correct = {src: "".join("1" if c else "0" for c in g.sort_values("query_index")["correct"])
@@ -225,4 +238,4 @@ def stage_seconds(model: TransformerBridge | str, tasks: Sequence[Task], outs: S
 
 
 __all__ = ["ScaleConfig", "alphas_by_seed", "load_seed_runs", "patching_rows", "selected_k", "stage_seconds",
-           "transfer_columns"]
+           "transfer_columns", "transfer_seconds"]
