@@ -166,6 +166,35 @@ def _evaluation_seconds(out: str, bridge, tasks, cfg) -> dict[str, float]:
     return seconds
 
 
+LONG_PROMPTS = 1000
+"""Mean embedding-prompt length (tokens) from which a task counts as long: eager attention's
+score, mask and softmax work, which the floor does not count, grows with the square of it."""
+
+
+def _embedding_split(plan: dict, seconds: dict[str, float], done: list[str], dims: Dims, rates: Rates) -> list[dict]:
+    """The measured embeddings twice split: tasks with short and long prompts (the attention the
+    bridge computes eagerly), and the per-task measured / floor spread (a task's time is one
+    measurement, so a task that ran beside a busy job stands out from the rest)."""
+    rows, ratios = [], []
+    for name in done:
+        tot = totals(dims, plan["embedding_by_task"][name])
+        ratios.append((seconds[name] / rates.seconds(dims, plan["embedding_by_task"][name]), name, tot["tokens"] / tot["rows"]))
+    for label, keep in ((f"prompts under {LONG_PROMPTS} tokens", lambda r: r[2] < LONG_PROMPTS),
+                        (f"prompts of {LONG_PROMPTS} tokens or more", lambda r: r[2] >= LONG_PROMPTS)):
+        names = [r[1] for r in ratios if keep(r)]
+        if names and len(names) < len(done):
+            shown = ", ".join(names) if len(names) <= 3 else f"{len(names)} tasks"
+            rows.append(stage_row(dims, rates, f"  task embeddings, {label} ({shown})",
+                                  [f for n in names for f in plan["embedding_by_task"][n]],
+                                  sum(seconds[n] for n in names), None, ""))
+    ratios.sort()
+    q = [ratios[int(round(x * (len(ratios) - 1)))][0] for x in (0.0, 0.25, 0.5, 0.75, 1.0)]
+    print(f"task embeddings, measured / floor per task: min {q[0]:.2f}, quartiles {q[1]:.2f} / {q[2]:.2f} / {q[3]:.2f}, "
+          f"max {q[4]:.2f}; highest: " + ", ".join(f"{n} {r:.2f} ({t:.0f} tokens)" for r, n, t in ratios[-4:][::-1]),
+          file=sys.stderr)
+    return rows
+
+
 def _transfer_rows(out: str, bridge, tasks, cfg, plan: dict, dims: Dims, rates: Rates) -> list[dict]:
     """P4 measured whole: the seconds the report's stored transfer columns took (its default
     ``ScaleConfig``, the census's 50 queries per task), once every column of the matrix is there."""
@@ -216,16 +245,21 @@ def fv57(args, bridge, dims: Dims, rates: Rates) -> dict:
         fw = [f for n in done for f in plan["embedding_by_task"][n]]
         rows.append(stage_row(dims, rates, "task embeddings", fw, sum(seconds["embedding"][n] for n in done), None,
                               f", measured: {len(done)} of {len(tasks)} tasks"))
-    groups = [g for g in plan["training_groups"] if all(n in seconds["alphas"] for n in g["tasks"])]
+        rows += _embedding_split(plan, seconds["embedding"], done, dims, rates)
     ran = run_groups(trained_with, seconds["alphas"])
-    if ran and not groups:  # the run trained other groups than the plan's (e.g. a report run task chunk by chunk)
+    if ran:  # the groups the run trained (a report run trains chunk by chunk, not the plan's groups)
         by_name = {t.name: t for t in tasks}
         groups = [g for names in ran for g in training_census(bridge, [by_name[n] for n in names], cfg.site)]
         fw = [f for g in groups for s in ("prefix caches", "training steps", "validation") for f in g[s]]
         n = sum(len(g["tasks"]) for g in groups)
         rows.append(stage_row(dims, rates, "training (caches + steps + validation)", fw,
                               sum(seconds["alphas"][t] for g in groups for t in g["tasks"]), None,
-                              f", measured: {len(groups)} of {len(plan['training_groups'])} groups, {n} tasks"))
+                              f", measured: the {len(groups)} groups the run trained, {n} tasks"))
+        for g in groups:  # one row per group: a group's time is one measurement, whatever ran beside it
+            gfw = [f for s in ("prefix caches", "training steps", "validation") for f in g[s]]
+            first = g["tasks"][0] + (f" + {len(g['tasks']) - 1}" if len(g["tasks"]) > 1 else "")
+            rows.append(stage_row(dims, rates, f"  training group {first}", gfw,
+                                  sum(seconds["alphas"][t] for t in g["tasks"]), None, ""))
     evals = _evaluation_seconds(args.from_run, bridge, tasks, cfg) if args.from_run else {}
     if evals and len(evals) == len(tasks):  # the census plans all tasks' evaluation at once
         fw = plan["stages"]["test evaluation"] + plan["stages"]["generation (exact match)"]
