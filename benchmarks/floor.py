@@ -209,13 +209,16 @@ def _transfer_rows(out: str, bridge, tasks, cfg, plan: dict, dims: Dims, rates: 
                       f", measured: {len(seconds)} columns")]
 
 
-def fv57(args, bridge, dims: Dims, rates: Rates) -> dict:
+def fv57(args, bridge, dims: Dims, rates: Rates, cfg=None) -> dict:
+    """The census of every task under ``args.data_dir`` at ``cfg`` (default: ``RunConfig()``, the
+    settings of the results store), and, with ``args.from_run``, the seconds the run's artifacts
+    record where their settings are ``cfg``'s."""
     from site_interp.artifacts import read_json
     from site_interp.pipeline import RunConfig, task_dir
     from site_interp.tasks import load_task_dir
 
     tasks = list(load_task_dir(args.data_dir).values())
-    cfg = RunConfig()
+    cfg = cfg if cfg is not None else RunConfig()
     t0 = time.perf_counter()
     from site_interp.studies.report_runs import ScaleConfig
 
@@ -254,7 +257,7 @@ def fv57(args, bridge, dims: Dims, rates: Rates) -> dict:
         n = sum(len(g["tasks"]) for g in groups)
         rows.append(stage_row(dims, rates, "training (caches + steps + validation)", fw,
                               sum(seconds["alphas"][t] for g in groups for t in g["tasks"]), None,
-                              f", measured: the {len(groups)} groups the run trained, {n} tasks"))
+                              f", measured: the {len(groups)} group{'s' if len(groups) != 1 else ''} the run trained, {n} tasks"))
         for g in groups:  # one row per group: a group's time is one measurement, whatever ran beside it
             gfw = [f for s in ("prefix caches", "training steps", "validation") for f in g[s]]
             first = g["tasks"][0] + (f" + {len(g['tasks']) - 1}" if len(g["tasks"]) > 1 else "")

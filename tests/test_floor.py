@@ -212,3 +212,59 @@ def test_a_runs_training_groups_are_read_back_from_its_alphas(tmp_path, tiny_lla
     assert sorted(run_groups(recorded, seconds)) == expected
     assert sorted(run_groups({n: None for n in meta}, seconds)) == expected  # before the record: equal seconds
     assert run_groups({"capitalize": recorded["capitalize"]}, seconds) == []  # a group missing a task is left out
+
+
+def test_fv57_reads_a_runs_seconds_only_at_its_settings(tmp_path, tiny_llama):
+    """floor.py --fv57 --from-run: the census of a task directory, the measured embedding seconds
+    per task and the training seconds per group the run trained, each equal to what the sidecars
+    record; a run made at other settings is not measured against this census."""
+    import argparse
+    import dataclasses
+    import json
+
+    from floor import fv57
+
+    from site_interp.embeddings import EmbeddingConfig
+    from site_interp.evaluation import EvalConfig
+    from site_interp.pipeline import RunConfig, run_tasks
+    from site_interp.tasks.builtin import builtin_task
+    from site_interp.training import SiteConfig
+
+    data = tmp_path / "tasks"
+    names = ("capitalize", "first_letter", "past_tense")
+    for name in names:
+        t = builtin_task(name)
+        for split, rows in (("train", t.train[:20]), ("valid", t.valid[:6]), ("test", t.test[:4])):
+            (data / name).mkdir(parents=True, exist_ok=True)
+            (data / name / f"{split}.json").write_text(json.dumps(rows))
+    from site_interp.tasks import load_task_dir
+
+    tasks = list(load_task_dir(data).values())
+    cfg = RunConfig(EmbeddingConfig(n_prompts=2, n_shots=1), SiteConfig(steps=2, eval_every=2, n_valid=4),
+                    EvalConfig(n_test=2))
+    run = tmp_path / "run"
+    run_tasks(tiny_llama, tasks[:2], cfg, run, progress=False, evaluate_methods=False)  # two groups
+    run_tasks(tiny_llama, tasks, cfg, run, progress=False, evaluate_methods=False)
+    side = {(p.parent.name, p.stem): json.loads(p.read_text()) for k in ("embedding", "alphas") for p in run.rglob(f"{k}.json")}
+    dims, rates = Dims.of(tiny_llama), Rates(torch.float32, min_time=0.003, reps=1)
+    args = argparse.Namespace(data_dir=str(data), from_run=str(run))
+
+    stages = fv57(args, tiny_llama, dims, rates, cfg=cfg)["stages"]
+    assert [r["stage"] for r in stages[:len(STAGES)]] == list(STAGES)  # the census, then what was measured
+    assert all(r["measured_s"] is None for r in stages[:len(STAGES)])
+    rows = {r["stage"]: r for r in stages[len(STAGES):]}
+    emb = rows["task embeddings"]
+    assert emb["measured_s"] == pytest.approx(sum(side[(n, "embedding")]["seconds"] for n in names))
+    assert emb["note"] == ", measured: 3 of 3 tasks" and emb["ratio"] == pytest.approx(emb["measured_s"] / emb["floor_s"])
+    train = rows["training (caches + steps + validation)"]
+    assert train["measured_s"] == pytest.approx(sum(side[(n, "alphas")]["seconds"] for n in names))
+    assert "the 2 groups the run trained, 3 tasks" in train["note"]
+    groups = {k: r for k, r in rows.items() if k.startswith("  training group")}
+    assert len(groups) == 2 and sum(r["measured_s"] for r in groups.values()) == pytest.approx(train["measured_s"])
+    assert all(r["ratio"] == pytest.approx(r["measured_s"] / r["floor_s"]) for r in groups.values())
+    assert not any(k.startswith("test evaluation +") or k.startswith("transfer rows (") for k in rows)  # not run
+
+    other = dataclasses.replace(cfg, site=dataclasses.replace(cfg.site, steps=4))  # same embeddings, other training
+    rows = {r["stage"]: r for r in fv57(args, tiny_llama, dims, rates, cfg=other)["stages"][len(STAGES):]}
+    assert rows["task embeddings"]["measured_s"] == pytest.approx(emb["measured_s"])
+    assert not any(k.startswith("training") or k.startswith("  training") for k in rows)

@@ -142,7 +142,7 @@ def test_transfer_columns_equal_the_whole_matrix_and_resume(tmp_path, tiny_llama
     from site_interp.evaluation import EvalConfig
     from site_interp.pipeline import RunConfig, model_id, run_tasks
     from site_interp.studies.report_runs import ScaleConfig, load_seed_runs, transfer_columns, transfer_seconds
-    from site_interp.studies.transfer import transfer_matrix
+    from site_interp.studies.transfer import REFERENCES, transfer_matrix
     from site_interp.tasks.builtin import builtin_task
     from site_interp.training import SiteConfig
 
@@ -175,6 +175,17 @@ def test_transfer_columns_equal_the_whole_matrix_and_resume(tmp_path, tiny_llama
         transfer_seconds(tiny_llama, tasks, cfg, tmp_path, ScaleConfig(n_test=4))
     with pytest.raises(ArtifactMismatchError, match="sources"):  # another task set
         transfer_seconds(tiny_llama, tasks[:2], cfg, tmp_path, scale)
+    # a report over a chunk of the tasks reads the store's larger matrix, sliced, and rewrites nothing
+    stamps = {f.name: f.stat().st_mtime_ns for f in files}
+    chunk = transfer_columns(tiny_llama, tasks[:2], cfg, tmp_path, scale, progress=False)
+    fresh = transfer_matrix(tiny_llama, tasks[:2], emb, alphas, n_test=5, progress=False)
+    pd.testing.assert_frame_equal(chunk.matrix, fresh.matrix)
+    pd.testing.assert_frame_equal(chunk.references, fresh.references)
+    assert {f.name: f.stat().st_mtime_ns for f in files} == stamps
+    share = (2 + len(REFERENCES)) / (3 + len(REFERENCES))  # its rows of the stored columns' rows
+    assert chunk.seconds == pytest.approx(sum(seconds[t.name] for t in tasks[:2]) * share)
+    with pytest.raises(ArtifactMismatchError, match="n_test: stored 5, requested 4"):  # a chunk at other settings
+        transfer_columns(tiny_llama, tasks[:2], cfg, tmp_path, ScaleConfig(n_test=4), compute=False)
 
 
 TINY = ["--models", "tiny-llama", "--tasks", "capitalize", "first_letter", "past_tense", "--data-dir", "",

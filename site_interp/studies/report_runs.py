@@ -25,7 +25,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from site_interp.artifacts import load_json_if_valid, read_json_object, save_json_artifact, slug
+from site_interp.artifacts import ArtifactMismatchError, load_json_if_valid, read_json_object, save_json_artifact, slug
 from site_interp.checks import check_int
 from site_interp.pipeline import RunConfig, alpha_key, get_embedding, load_alphas, load_embedding, model_id, task_dir
 from site_interp.studies.patching import PatchConfig, patching_sweep
@@ -132,6 +132,27 @@ def _transfer_key(model: TransformerBridge | str, target: Task, sources: Sequenc
             "metric": "first_token"}
 
 
+def _load_column(path: Path, key: dict) -> dict | None:
+    """A stored transfer column for ``key``, or one made for more source tasks that include
+    ``key``'s (a report run over a chunk of the tasks reads the store's whole matrix): its other
+    sources are left out when it is read, and its seconds are scaled to the rows kept. Anything
+    else made with other settings raises :class:`ArtifactMismatchError`, as for every artifact."""
+    try:
+        return load_json_if_valid(path, key)
+    except ArtifactMismatchError:
+        stored = (read_json_object(path, warn=False) or {}).get("key", {})
+        wanted = key["sources"]
+        if ({k: v for k, v in stored.items() if k != "sources"} != {k: v for k, v in key.items() if k != "sources"}
+                or not isinstance(stored.get("sources"), list) or len(stored["sources"]) <= len(wanted)
+                or not all(pair in stored["sources"] for pair in wanted)):
+            raise
+        data = load_json_if_valid(path, stored)
+        if data is None:
+            return None
+        n_ref = len(REFERENCES)
+        return {**data, "seconds": float(data["seconds"]) * (len(wanted) + n_ref) / (len(stored["sources"]) + n_ref)}
+
+
 def transfer_columns(bridge: TransformerBridge | str, tasks: Sequence[Task], run_cfg: RunConfig, out: str | Path,
                      cfg: ScaleConfig = ScaleConfig(), *, compute: bool = True, progress: bool = True
                      ) -> TransferResult | None:
@@ -142,7 +163,7 @@ def transfer_columns(bridge: TransformerBridge | str, tasks: Sequence[Task], run
     keys = {t.name: _transfer_key(bridge, t, tasks, run_cfg, cfg) for t in tasks}
     parts: dict[str, TransferResult] = {}
     for t in tasks:
-        done = load_json_if_valid(directory / f"{slug(t.name)}.json", keys[t.name])
+        done = _load_column(directory / f"{slug(t.name)}.json", keys[t.name])
         if done is not None:
             parts[t.name] = _column_from_json(done, t.name, [s.name for s in tasks])
     missing = [t for t in tasks if t.name not in parts]
