@@ -87,6 +87,11 @@ def test_paired_difference_pairs_seeds_and_knows_when_noise_wins():
     unpaired = [(t, m, s if m == "site" else 0, a) for t, m, s, a in rows if m == "site" or s == 0]
     d1 = ev.paired_difference(_scores(unpaired), "site", "icl", "first_token")
     assert d1.seeds_b == 1 and d1.tasks == 20
+    assert (d.fewest_seeds_a, d1.fewest_seeds_b) == (None, None)  # every task has all its seeds
+    uneven = [r for r in rows if not (r[0] in ("t0", "t1") and r[2] > 0)]  # a store still running seeds 1-2
+    d2 = ev.paired_difference(_scores(uneven), "site", "icl", "first_token")
+    assert (d2.seeds_a, d2.fewest_seeds_a, d2.seeds_b, d2.fewest_seeds_b) == (3, 1, 3, 1)
+    assert ev.seed_range(d2.seeds_a, d2.fewest_seeds_a) == "1–3" and ev.seed_range(3) == "3"
 
 
 def test_method_summary_splits_kinds_and_reports_seed_spread():
@@ -95,6 +100,9 @@ def test_method_summary_splits_kinds_and_reports_seed_spread():
     kinds = {**{f"a{i}": "abstractive" for i in range(3)}, **{f"e{i}": "extractive" for i in range(3)}}
     s = ev.method_summary(_scores(rows), kinds, ["site"]).iloc[0]
     assert (s["abstractive"], s["extractive"], s["mean"], s["seed_spread"], s["seeds"]) == (65, 25, 45, 10, 2)
+    assert s["fewest_seeds"] == 2
+    s = ev.method_summary(_scores([r for r in rows if r[:3] != ("a0", "site", 1)]), kinds, ["site"]).iloc[0]
+    assert (s["seeds"], s["fewest_seeds"]) == (2, 1)  # a task with one seed so far
 
 
 def _sym(rng, n):

@@ -65,6 +65,7 @@ def method_summary(scores: pd.DataFrame, kinds: Mapping[str, str], methods: Sequ
             full = per_seed[per_seed["count"] == len(groups)]["mean"]  # seeds that ran every task
             row = {"method": method, "metric": metric, "mean": float(np.mean(list(task_means.values()))),
                    "lo": lo, "hi": hi, "tasks": len(groups), "seeds": int(sub["seed"].nunique()),
+                   "fewest_seeds": min(len(v) for v in groups.values()),
                    "seed_spread": float(full.max() - full.min()) if len(full) > 1 else float("nan"),
                    "params": float(sub["params"].mean())}
             for kind in KINDS:
@@ -97,7 +98,12 @@ class Difference:
     wins: int
     losses: int
     seeds_a: int
+    """The most seeds ``a`` has on a task (and ``seeds_b`` for ``b``)."""
     seeds_b: int
+    fewest_seeds_a: int | None = None
+    """The fewest seeds ``a`` has on a task, where some tasks have fewer than ``seeds_a`` (a store
+    still running its seeds); None when every task has ``seeds_a``. Likewise ``fewest_seeds_b``."""
+    fewest_seeds_b: int | None = None
 
     @property
     def survives(self) -> bool:
@@ -121,9 +127,18 @@ def paired_difference(scores: pd.DataFrame, a: str, b: str, metric: Metric) -> D
             groups.append([float(np.mean(list(ga[t].values())) - np.mean(list(gb[t].values())))])
     means = np.array([np.mean(g) for g in groups])
     lo, hi = hierarchical_ci(groups)
-    seeds = lambda g: max(len(v) for v in g.values())  # noqa: E731
+    counts_a, counts_b = [len(ga[t]) for t in common], [len(gb[t]) for t in common]
     return Difference(a, b, metric, float(means.mean()), lo, hi, len(common), int((means > 0).sum()),
-                      int((means < 0).sum()), seeds(ga), seeds(gb))
+                      int((means < 0).sum()), max(counts_a), max(counts_b), _fewer(counts_a), _fewer(counts_b))
+
+
+def _fewer(counts: list[int]) -> int | None:
+    return min(counts) if min(counts) < max(counts) else None
+
+
+def seed_range(most: int, fewest: int | None = None) -> str:
+    """``"3"``, or ``"1–3"`` where some tasks have fewer seeds than others."""
+    return f"{fewest}–{most}" if fewest is not None and fewest < most else str(most)
 
 
 def _by_seed(scores: pd.DataFrame, method: str, metric: Metric) -> dict[str, dict[int, float]]:
@@ -265,4 +280,4 @@ def verdict(lo: float, hi: float) -> Verdict:
 
 __all__ = ["METRICS", "Difference", "Metric", "Verdict", "binary_share", "centred_transfer", "kind_separation",
            "mantel", "method_summary", "metric_gaps", "paired_difference", "patching_claim", "per_task_table",
-           "score_frame", "verdict"]
+           "score_frame", "seed_range", "verdict"]

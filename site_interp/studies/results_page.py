@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from site_interp.studies.comparison_tables import display_names
-from site_interp.studies.evidence import Difference, verdict
+from site_interp.studies.evidence import Difference, seed_range, verdict
 from site_interp.studies.results_data import ModelEvidence, ReportConfig
 
 PAPER = {
@@ -62,7 +62,8 @@ def _claim_diff(e: ModelEvidence, a: str, b: str) -> tuple[str, str]:
     if d is None:
         return "not run yet", "not measured"
     label = "EM" if metric == "exact_match" else "first token"
-    seeds = f"{d.seeds_a}×{d.seeds_b} seeds" if d.seeds_a != d.seeds_b else f"{d.seeds_a} seed{'s' * (d.seeds_a > 1)}"
+    ra, rb = seed_range(d.seeds_a, d.fewest_seeds_a), seed_range(d.seeds_b, d.fewest_seeds_b)
+    seeds = f"{ra}×{rb} seeds" if ra != rb else f"{ra} seed{'s' * (ra != '1')}"
     return f"{_f(d.mean, True)} {_ci(d.lo, d.hi, True)} ({label}, {d.tasks} tasks, {seeds})", verdict(d.lo, d.hi)
 
 
@@ -134,7 +135,7 @@ def summary_table(e: ModelEvidence, n_shots: int) -> str:
             return _f(r[col]) if r is not None else "–"
 
         lines.append(
-            f"| {names.get(method, method)} | {int(row['seeds'])} | {int(row['tasks'])} | {val(ft, 'mean')} "
+            f"| {names.get(method, method)} | {seed_range(int(row['seeds']), int(row['fewest_seeds']))} | {int(row['tasks'])} | {val(ft, 'mean')} "
             f"| {_ci(ft['lo'], ft['hi']) if ft is not None else '–'} | {val(em, 'mean')} "
             f"| {_ci(em['lo'], em['hi']) if em is not None else '–'} | {val(ft, 'abstractive')} / {val(em, 'abstractive')} "
             f"| {val(ft, 'extractive')} / {val(em, 'extractive')} | {val(ft, 'seed_spread')} / {val(em, 'seed_spread')} "
@@ -151,7 +152,7 @@ def differences_table(e: ModelEvidence, n_shots: int) -> str:
     for d in e.differences:
         lines.append(f"| {names.get(d.a, d.a)} − {names.get(d.b, d.b)} | {'first token' if d.metric == 'first_token' else 'exact match'} "
                      f"| {_f(d.mean, True)} | {_ci(d.lo, d.hi, True)} | {d.tasks} | {d.wins} / {d.losses} "
-                     f"| {d.seeds_a} vs {d.seeds_b} | {'yes' if d.survives else 'no'} |")
+                     f"| {seed_range(d.seeds_a, d.fewest_seeds_a)} vs {seed_range(d.seeds_b, d.fewest_seeds_b)} | {'yes' if d.survives else 'no'} |")
     return "\n".join(lines)
 
 
@@ -345,7 +346,7 @@ def headline(evidence: Sequence[ModelEvidence], n_shots: int, page: str) -> str:
             continue
         tasks = len(e.tasks)
         parts = [f"{names.get(m, m)} {_f(s.loc[m, 'mean'])} {_ci(s.loc[m, 'lo'], s.loc[m, 'hi'])}"
-                 + _seeds(s.loc[m, "seeds"], int(s.loc[m, "tasks"]), tasks)
+                 + _seeds(int(s.loc[m, "seeds"]), int(s.loc[m, "fewest_seeds"]), int(s.loc[m, "tasks"]), tasks)
                  for m in ("0-shot", "icl", "site", "lora") if m in s.index]
         d = _diff(e, "site", "icl", metric)
         diff = f"; SITE − ICL {_f(d.mean, True)} {_ci(d.lo, d.hi, True)} on {d.tasks} tasks" if d is not None else ""
@@ -355,8 +356,9 @@ def headline(evidence: Sequence[ModelEvidence], n_shots: int, page: str) -> str:
                                  f"claims: [{page}]({page})):", "", *lines, END])
 
 
-def _seeds(n: float, ran: int, tasks: int) -> str:
-    notes = ([] if int(n) == 1 else [f"{int(n)} seeds"]) + ([] if ran == tasks else [f"{ran} of {tasks} tasks so far"])
+def _seeds(most: int, fewest: int, ran: int, tasks: int) -> str:
+    notes = (([] if most == 1 else [f"{seed_range(most, fewest)} seeds"])
+             + ([] if ran == tasks else [f"{ran} of {tasks} tasks so far"]))
     return f" ({', '.join(notes)})" if notes else ""
 
 
