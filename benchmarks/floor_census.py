@@ -176,14 +176,16 @@ def exact_match_forwards(bridge, task: Task, cfg: EvalConfig, shots: Sequence[in
     return prompt, gen
 
 
-def transfer_forwards(bridge, tasks: Sequence[Task], n_test: int | None) -> list[Forward]:
+def transfer_forwards(bridge, tasks: Sequence[Task], n_test: int | None, n_sources: int | None = None
+                      ) -> list[Forward]:
     """``transfer_matrix``: the test prompts' prefix caches, then every query under every source
-    (T tasks + the references), ``TRANSFER_CHUNK`` rows of similar widths at a time."""
+    (T tasks + the references), ``TRANSFER_CHUNK`` rows of similar widths at a time. ``tasks`` are
+    the targets; ``n_sources`` (default: as many as targets) the source tasks of each column."""
     ids = [build_prompts(bridge.tokenizer, task.test[:n_test] if n_test else task.test,
                          max_length=model_context(bridge), task=task.name).token_ids for task in tasks]
     build, widths = prefix_forwards(bridge, ids)
     lens = torch.tensor([len(x) for s in ids for x in s])
-    rows = torch.arange(len(lens)).repeat_interleave(len(tasks) + len(REFERENCES))
+    rows = torch.arange(len(lens)).repeat_interleave((n_sources or len(tasks)) + len(REFERENCES))
     return build + score_forwards(widths, lens, rows, bool(build), TRANSFER_CHUNK)
 
 

@@ -262,9 +262,22 @@ def test_fv57_reads_a_runs_seconds_only_at_its_settings(tmp_path, tiny_llama):
     groups = {k: r for k, r in rows.items() if k.startswith("  training group")}
     assert len(groups) == 2 and sum(r["measured_s"] for r in groups.values()) == pytest.approx(train["measured_s"])
     assert all(r["ratio"] == pytest.approx(r["measured_s"] / r["floor_s"]) for r in groups.values())
-    assert not any(k.startswith("test evaluation +") or k.startswith("transfer rows (") for k in rows)  # not run
+    assert not any(k.startswith("test evaluation +") or k.startswith("transfer rows") for k in rows)  # not run
+
+    from site_interp.studies.report_runs import ScaleConfig, transfer_columns, transfer_seconds
+
+    transfer_columns(tiny_llama, tasks, cfg, run, ScaleConfig(), progress=False)  # P4: the whole matrix
+    columns = transfer_seconds(tiny_llama, tasks, cfg, run, ScaleConfig())
+    rows = {r["stage"]: r for r in fv57(args, tiny_llama, dims, rates, cfg=cfg)["stages"][len(STAGES):]}
+    whole = rows["transfer rows (3 x 3, measured whole)"]
+    assert whole["measured_s"] == pytest.approx(sum(columns.values()))
+    next(run.rglob("transfer/past_tense.json")).unlink()  # a transfer run stopped after two columns
+    rows = {r["stage"]: r for r in fv57(args, tiny_llama, dims, rates, cfg=cfg)["stages"][len(STAGES):]}
+    part = rows["transfer rows, measured: 2 of 3 columns"]
+    assert part["measured_s"] == pytest.approx(columns["capitalize"] + columns["first_letter"])
+    assert 0 < part["gflop"] < whole["gflop"] and 0 < part["floor_s"] < whole["floor_s"]
 
     other = dataclasses.replace(cfg, site=dataclasses.replace(cfg.site, steps=4))  # same embeddings, other training
     rows = {r["stage"]: r for r in fv57(args, tiny_llama, dims, rates, cfg=other)["stages"][len(STAGES):]}
     assert rows["task embeddings"]["measured_s"] == pytest.approx(emb["measured_s"])
-    assert not any(k.startswith("training") or k.startswith("  training") for k in rows)
+    assert not any(k.startswith(("training", "  training", "transfer rows")) for k in rows)
