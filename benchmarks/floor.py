@@ -199,9 +199,8 @@ def _transfer_rows(out: str, bridge, tasks, cfg, plan: dict, dims: Dims, rates: 
     """P4: the seconds the report's stored transfer columns took (its default ``ScaleConfig``,
     the census's 50 queries per task) -- measured whole once every column of the matrix is there,
     else the columns stored so far against their own census (every source, those targets)."""
-    from site_interp.studies.report_runs import ScaleConfig, transfer_seconds
-
     from site_interp.artifacts import ArtifactMismatchError
+    from site_interp.studies.report_runs import ScaleConfig, transfer_seconds
 
     try:
         seconds = transfer_seconds(bridge, tasks, cfg, out, ScaleConfig())

@@ -87,11 +87,11 @@ def test_paired_difference_pairs_seeds_and_knows_when_noise_wins():
     unpaired = [(t, m, s if m == "site" else 0, a) for t, m, s, a in rows if m == "site" or s == 0]
     d1 = ev.paired_difference(_scores(unpaired), "site", "icl", "first_token")
     assert d1.seeds_b == 1 and d1.tasks == 20
-    assert (d.fewest_seeds_a, d1.fewest_seeds_b) == (None, None)  # every task has all its seeds
+    assert (d.fewest_seeds_a, d1.fewest_seeds_b) == (3, 1)  # every task has all its seeds
     uneven = [r for r in rows if not (r[0] in ("t0", "t1") and r[2] > 0)]  # a store still running seeds 1-2
     d2 = ev.paired_difference(_scores(uneven), "site", "icl", "first_token")
     assert (d2.seeds_a, d2.fewest_seeds_a, d2.seeds_b, d2.fewest_seeds_b) == (3, 1, 3, 1)
-    assert ev.seed_range(d2.seeds_a, d2.fewest_seeds_a) == "1–3" and ev.seed_range(3) == "3"
+    assert ev.seed_range(d2.seeds_a, d2.fewest_seeds_a) == "1–3" and ev.seed_range(3, 3) == "3"
 
 
 def test_method_summary_splits_kinds_and_reports_seed_spread():

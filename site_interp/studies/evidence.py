@@ -100,10 +100,10 @@ class Difference:
     seeds_a: int
     """The most seeds ``a`` has on a task (and ``seeds_b`` for ``b``)."""
     seeds_b: int
-    fewest_seeds_a: int | None = None
-    """The fewest seeds ``a`` has on a task, where some tasks have fewer than ``seeds_a`` (a store
-    still running its seeds); None when every task has ``seeds_a``. Likewise ``fewest_seeds_b``."""
-    fewest_seeds_b: int | None = None
+    fewest_seeds_a: int
+    """The fewest seeds ``a`` has on a task: below ``seeds_a`` while a store is still running its
+    seeds. Likewise ``fewest_seeds_b``."""
+    fewest_seeds_b: int
 
     @property
     def survives(self) -> bool:
@@ -129,16 +129,12 @@ def paired_difference(scores: pd.DataFrame, a: str, b: str, metric: Metric) -> D
     lo, hi = hierarchical_ci(groups)
     counts_a, counts_b = [len(ga[t]) for t in common], [len(gb[t]) for t in common]
     return Difference(a, b, metric, float(means.mean()), lo, hi, len(common), int((means > 0).sum()),
-                      int((means < 0).sum()), max(counts_a), max(counts_b), _fewer(counts_a), _fewer(counts_b))
+                      int((means < 0).sum()), max(counts_a), max(counts_b), min(counts_a), min(counts_b))
 
 
-def _fewer(counts: list[int]) -> int | None:
-    return min(counts) if min(counts) < max(counts) else None
-
-
-def seed_range(most: int, fewest: int | None = None) -> str:
+def seed_range(most: int, fewest: int) -> str:
     """``"3"``, or ``"1–3"`` where some tasks have fewer seeds than others."""
-    return f"{fewest}–{most}" if fewest is not None and fewest < most else str(most)
+    return f"{fewest}–{most}" if fewest < most else str(most)
 
 
 def _by_seed(scores: pd.DataFrame, method: str, metric: Metric) -> dict[str, dict[int, float]]:

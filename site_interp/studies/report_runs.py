@@ -25,7 +25,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from site_interp.artifacts import ArtifactMismatchError, load_json_if_valid, read_json_object, save_json_artifact, slug
+from site_interp.artifacts import load_json_if_valid, read_json_object, save_json_artifact, slug
 from site_interp.checks import check_int
 from site_interp.pipeline import RunConfig, alpha_key, get_embedding, load_alphas, load_embedding, model_id, task_dir
 from site_interp.studies.patching import PatchConfig, patching_sweep
@@ -137,20 +137,22 @@ def _load_column(path: Path, key: dict) -> dict | None:
     ``key``'s (a report run over a chunk of the tasks reads the store's whole matrix): its other
     sources are left out when it is read, and its seconds are scaled to the rows kept. Anything
     else made with other settings raises :class:`ArtifactMismatchError`, as for every artifact."""
-    try:
+    stored = (read_json_object(path, warn=False) or {}).get("key")
+    if not (isinstance(stored, dict) and _covers(stored, key)):
         return load_json_if_valid(path, key)
-    except ArtifactMismatchError:
-        stored = (read_json_object(path, warn=False) or {}).get("key", {})
-        wanted = key["sources"]
-        if ({k: v for k, v in stored.items() if k != "sources"} != {k: v for k, v in key.items() if k != "sources"}
-                or not isinstance(stored.get("sources"), list) or len(stored["sources"]) <= len(wanted)
-                or not all(pair in stored["sources"] for pair in wanted)):
-            raise
-        data = load_json_if_valid(path, stored)
-        if data is None:
-            return None
-        n_ref = len(REFERENCES)
-        return {**data, "seconds": float(data["seconds"]) * (len(wanted) + n_ref) / (len(stored["sources"]) + n_ref)}
+    data = load_json_if_valid(path, stored)
+    if data is None:
+        return None
+    kept = (len(key["sources"]) + len(REFERENCES)) / (len(stored["sources"]) + len(REFERENCES))
+    return {**data, "seconds": float(data["seconds"]) * kept}
+
+
+def _covers(stored: dict, key: dict) -> bool:
+    """``stored`` is ``key`` with more source tasks, every one of ``key``'s among them."""
+    sources = stored.get("sources")
+    return (isinstance(sources, list) and len(sources) > len(key["sources"])
+            and all(pair in sources for pair in key["sources"])
+            and {k: v for k, v in stored.items() if k != "sources"} == {k: v for k, v in key.items() if k != "sources"})
 
 
 def transfer_columns(bridge: TransformerBridge | str, tasks: Sequence[Task], run_cfg: RunConfig, out: str | Path,
