@@ -35,7 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--seeds", nargs="+", type=int, default=None,
                    help="seeds to run (default: --seed); results are averaged over seeds per task")
     b.add_argument("--fv-rank-tasks", nargs="+", default=None,
-                   help="tasks whose mean AIE ranks the FV heads once for all tasks (default: the first six)")
+                   help="tasks whose mean AIE ranks the FV heads once for all tasks (default: the first six of --tasks); "
+                        "they may lie outside --tasks, so a benchmark run in parts ranks its heads as the whole")
     b.add_argument("--fv-heads", type=int, default=None, help="heads in the function vector (default: 2%% of heads, >= 4)")
     b.add_argument("--fv-aie-prompts", type=int, default=25, help="shuffled-label prompts per ranking task (25)")
     b.add_argument("--scan-valid", type=int, default=100,
@@ -65,8 +66,12 @@ def body(args: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
     tasks = cli.tasks_from_args(args)
     cli.check_output_dir(args.out)
     cfg = config_from_bench_args(args)
+    named = {t.name for t in tasks}
+    outside = [n for n in cfg.fv_rank_tasks or () if n not in named] if "fv" in cfg.methods else []
+    rank_tasks = cli.tasks_from_args(argparse.Namespace(tasks=outside, data_dir=args.data_dir, seed=args.seed)) if outside else []
     bridge = cli.load_from_args(args)
-    tables = compare_methods(bridge, tasks, cfg, args.out, progress=not args.quiet, compute=not args.report_only)
+    tables = compare_methods(bridge, tasks, cfg, args.out, progress=not args.quiet, compute=not args.report_only,
+                             rank_tasks=rank_tasks)
     root = Path(args.out) / slug(tables.model_id)
     tables.write(root, command=["python -m site_interp.bench", *(argv if argv is not None else sys.argv[1:])],
                  config=cfg.to_dict(), wall_s=time.perf_counter() - t0)

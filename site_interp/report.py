@@ -37,7 +37,7 @@ from site_interp.pipeline import RunConfig
 from site_interp.plots.report_figures import save_report_figures
 from site_interp.studies.comparison import compare_methods
 from site_interp.studies.report_runs import ScaleConfig, patching_rows, transfer_columns
-from site_interp.studies.results_data import ReportConfig, gather
+from site_interp.studies.results_data import ReportConfig, fv_rank_pool, gather
 from site_interp.studies.results_page import BEGIN, END, headline, render, replace_block
 from site_interp.tasks.core import Task
 from site_interp.training import SiteConfig
@@ -92,7 +92,9 @@ def config_from_args(args: argparse.Namespace) -> ReportConfig:
                         scale=ScaleConfig(n_test=args.n_test), n_perm=args.n_perm)
 
 
-def compute_part(part: str, bridge, tasks: list[Task], cfg: ReportConfig, out: str, progress: bool) -> None:  # noqa: ANN001
+def compute_part(part: str, bridge, tasks: list[Task], cfg: ReportConfig, out: str, progress: bool,  # noqa: ANN001
+                 rank_tasks: Sequence[Task] = ()) -> None:
+    """Run (or resume) one of :data:`PARTS` for ``tasks`` (``rank_tasks``: :func:`fv_rank_pool`)."""
     first = cfg.seeds[0]
     if part == "core":
         compare_methods(bridge, tasks, cfg.comparison(("0-shot", *cfg.seeded_methods), (first,), tasks), out,
@@ -101,7 +103,8 @@ def compute_part(part: str, bridge, tasks: list[Task], cfg: ReportConfig, out: s
         compare_methods(bridge, tasks, cfg.comparison(cfg.seeded_methods, cfg.seeds[1:], tasks), out, progress=progress)
     elif part == "baselines":
         others = tuple(m for m in cfg.single_seed_methods if m != "0-shot")
-        compare_methods(bridge, tasks, cfg.comparison(others, (first,), tasks), out, progress=progress)
+        compare_methods(bridge, tasks, cfg.comparison(others, (first,), tasks, rank_tasks), out, progress=progress,
+                        rank_tasks=rank_tasks)
     elif part == "patching":
         patching_rows(bridge, tasks, cfg.seed_run(first), out, cfg.scale, progress=progress)
     elif part == "transfer":
@@ -110,12 +113,12 @@ def compute_part(part: str, bridge, tasks: list[Task], cfg: ReportConfig, out: s
 
 
 def write_page(model_ids: Sequence[str], tasks: list[Task], cfg: ReportConfig, args: argparse.Namespace,
-               argv: Sequence[str]) -> Path:
+               argv: Sequence[str], rank_tasks: Sequence[Task] = ()) -> Path:
     page = Path(args.page)
     fig_dir = Path(args.figures_dir) if args.figures_dir else page.parent / "img" / "results"
     evidence, figures = [], {}
     for mid in model_ids:
-        e = gather(mid, tasks, cfg, args.out)
+        e = gather(mid, tasks, cfg, args.out, rank_tasks)
         evidence.append(e)
         figures[mid] = {k: os.path.relpath(v, page.parent) for k, v in save_report_figures(e, fig_dir).items()}
     command = " ".join(["python -m site_interp.report", *argv])
@@ -133,6 +136,7 @@ def write_page(model_ids: Sequence[str], tasks: list[Task], cfg: ReportConfig, a
 def body(args: argparse.Namespace, argv: Sequence[str]) -> int:
     cfg = config_from_args(args)
     tasks = cli.tasks_from_args(argparse.Namespace(tasks=args.tasks, data_dir=args.data_dir, seed=0))
+    rank_tasks = fv_rank_pool(tasks, args.data_dir)
     cli.check_output_dir(args.out)
     page = Path(args.page)
     if page.is_dir():
@@ -155,11 +159,11 @@ def body(args: argparse.Namespace, argv: Sequence[str]) -> int:
                                                            device_map=args.device_map, load_in_4bit=args.load_in_4bit))
             for part in [p for p in PARTS if p in args.parts]:
                 t0 = time.perf_counter()
-                compute_part(part, bridge, tasks, cfg, args.out, not args.quiet)
+                compute_part(part, bridge, tasks, cfg, args.out, not args.quiet, rank_tasks)
                 print(f"{name}: {part} done in {(time.perf_counter() - t0) / 60:.1f} min", flush=True)
-                write_page(model_ids, tasks, cfg, args, argv)
+                write_page(model_ids, tasks, cfg, args, argv, rank_tasks)
             del bridge
-    page = write_page(model_ids, tasks, cfg, args, argv)
+    page = write_page(model_ids, tasks, cfg, args, argv, rank_tasks)
     print(f"page: {page}")
     return 0
 

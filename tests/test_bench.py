@@ -88,3 +88,27 @@ def test_unknown_method_is_rejected(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main([*ARGS, "--methods", "magic", "--out", str(tmp_path)])
     assert "invalid choice" in capsys.readouterr().err
+
+
+def test_a_chunk_ranks_fv_heads_on_tasks_outside_it_as_the_whole_run(tmp_path, capsys):
+    """A benchmark run in parts must rank the FV heads as the whole would: the chunk's result keys
+    then equal the whole run's, so the whole run's fv.json files are reused, not refused."""
+    fv = [*ARGS, "--methods", "fv", "--fv-rank-tasks", "capitalize", "next_item"]
+    whole = tmp_path / "whole"
+    assert main([*fv, "--out", str(whole)]) == 0
+    stamps = {p: p.stat().st_mtime_ns for p in (whole / ROOT).glob("*/bench/*.json")}
+    chunk = [*fv[:fv.index("--tasks") + 1], "next_item", *fv[fv.index("--tasks") + 3:]]
+    assert main([*chunk, "--out", str(whole)]) == 0
+    assert all(p.stat().st_mtime_ns == t for p, t in stamps.items())  # reused: same ranking key
+
+    part = tmp_path / "part"  # a fresh chunk computes the ranking task's AIE, never its FV result
+    assert main([*chunk, "--out", str(part)]) == 0
+    assert (part / ROOT / "capitalize" / "bench" / "fv_aie.json").exists()
+    assert not (part / ROOT / "capitalize" / "bench" / "fv.json").exists()
+    key = json.loads((part / ROOT / "next_item" / "bench" / "fv.json").read_text())["key"]
+    assert key == json.loads((whole / ROOT / "next_item" / "bench" / "fv.json").read_text())["key"]
+    assert key["fv"]["rank_tasks"] == ["capitalize", "next_item"]
+
+    capsys.readouterr()
+    assert main([*chunk[:-3], "--fv-rank-tasks", "no_such_task", "--out", str(part)]) == 2
+    assert "no_such_task" in capsys.readouterr().err

@@ -323,3 +323,18 @@ def test_a_results_store_without_embeddings_resumes_without_recomputing(tmp_path
     assert (model_dir / "first_letter" / "patching.json").is_file()
     numbers = lambda t: t.split("\n", 3)[3].split("## Compute")[0]  # noqa: E731  (the recomputed row's seconds differ)
     assert numbers((tmp_path / "results.md").read_text()) == numbers(text)
+
+
+@pytest.mark.skipif(not FV57.is_dir(), reason="needs ../shared/data/fv57")
+def test_a_chunk_of_fv57_ranks_fv_heads_on_the_whole_benchmarks_tasks(tmp_path):
+    from site_interp.studies.results_data import FV_RANK_TASKS, ReportConfig, fv_rank_pool
+    from site_interp.tasks.specs import resolve_tasks
+
+    chunk = resolve_tasks(["word_length", "antonym"], FV57)
+    pool = fv_rank_pool(chunk, FV57)
+    assert [t.name for t in pool] == [n for n in FV_RANK_TASKS if n != "antonym"]
+    cfg = ReportConfig()
+    assert cfg.comparison(("fv",), (0,), chunk, pool).fv_rank_tasks == FV_RANK_TASKS
+    assert cfg.comparison(("fv",), (0,), chunk).fv_rank_tasks is None  # without the pool: the chunk's own tasks
+    assert fv_rank_pool(resolve_tasks(list(FV_RANK_TASKS), FV57), FV57) == []  # the chunk holds them all
+    assert fv_rank_pool(chunk, tmp_path) == []  # a data directory without them

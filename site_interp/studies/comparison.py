@@ -32,7 +32,7 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, Sequence
 
 import torch
 from tqdm.auto import tqdm
@@ -78,7 +78,9 @@ class ComparisonConfig:
     fv: FunctionVectorConfig = field(default_factory=FunctionVectorConfig)
     """Function-vector settings (AIE prompts, heads, layer scan)."""
     fv_rank_tasks: tuple[str, ...] | None = None
-    """Tasks whose averaged AIE ranks the heads once for all tasks; None: the first six."""
+    """Tasks whose averaged AIE ranks the heads once for all tasks; None: the first six. They may
+    lie outside the tasks compared (``rank_tasks=`` of :func:`collect_results`), so that a
+    benchmark run in chunks ranks its heads as the whole would."""
     tv: TaskVectorConfig = field(default_factory=TaskVectorConfig)
     """Task-vector settings (layer scan)."""
     lora: LoraConfig = field(default_factory=LoraConfig)
@@ -195,22 +197,26 @@ def _seconds(sidecar: Path) -> float:
 
 
 def compare_methods(bridge: TransformerBridge, tasks: list[Task], cfg: ComparisonConfig, out: str | Path, *, progress: bool = True,
-              compute: bool = True) -> ComparisonTables:
+                    compute: bool = True, rank_tasks: Sequence[Task] = ()) -> ComparisonTables:
     """Run (or resume) every method on every task for every seed; return the tables.
 
     ``compute=False`` only reads what is cached (tables of a partial run: missing entries are
-    left out, and each method's row says on how many tasks it ran).
+    left out, and each method's row says on how many tasks it ran). ``rank_tasks``: as for
+    :func:`collect_results`.
     """
-    results = collect_results(bridge, tasks, cfg, out, progress=progress, compute=compute)
+    results = collect_results(bridge, tasks, cfg, out, progress=progress, compute=compute, rank_tasks=rank_tasks)
     return build_tables(results, model_id(bridge), n_shots=cfg.run.eval.n_shots)
 
 
 def collect_results(bridge: TransformerBridge | str, tasks: list[Task], cfg: ComparisonConfig, out: str | Path, *,
-                    progress: bool = True, compute: bool = True) -> list[dict]:
+                    progress: bool = True, compute: bool = True, rank_tasks: Sequence[Task] = ()) -> list[dict]:
     """What :func:`compare_methods` tabulates: one dict per (seed, task, method) that ran, with
     ``seed, task, method, records, info, params, fit_s, eval_s, stages``.
 
     ``bridge`` may be the model id alone when ``compute`` is False (nothing is run).
+    ``rank_tasks``: tasks that ``cfg.fv_rank_tasks`` may name beyond ``tasks``. They are run only
+    as far as the FV head ranking needs (embedding, AIE), never compared, so a chunk of a
+    benchmark ranks the FV heads on the same tasks, with the same result keys, as the whole.
     """
     if isinstance(bridge, str) and compute:
         raise ValueError("collect_results needs the model itself to compute; pass compute=False to only read")
@@ -220,7 +226,7 @@ def collect_results(bridge: TransformerBridge | str, tasks: list[Task], cfg: Com
     methods = [m for m in METHODS if m in cfg.methods]
     if len({task.name for task in tasks}) != len(tasks):
         raise TaskError("two tasks have the same name; their artifacts would collide")
-    names = {task.name for task in tasks}
+    by_name = {t.name: t for t in [*rank_tasks, *tasks]}
     results: list[dict] = []
     for seed in cfg.seeds:
         run_cfg, out_s = seed_config(cfg, seed), seed_out(out, seed)
@@ -228,16 +234,18 @@ def collect_results(bridge: TransformerBridge | str, tasks: list[Task], cfg: Com
         rank_names: list[str] = []
         if "fv" in methods:
             rank_names = list(cfg.fv_rank_tasks) if cfg.fv_rank_tasks else [task.name for task in tasks[:6]]
-            missing = [n for n in rank_names if n not in names]
+            missing = [n for n in rank_names if n not in by_name]
             if missing:
-                raise TaskError(f"--fv-rank-tasks {missing} are not among the benchmark's tasks")
+                raise TaskError(f"--fv-rank-tasks {missing} are not among the benchmark's tasks; "
+                                "name tasks that exist under --data-dir")
         if compute:
             # the SITE pipeline (embedding, alphas) only for tasks with an embedding method still to
             # run: finished columns need neither, so a results store without embeddings resumes cheaply
             pending = [task for task in tasks if _pending(bridge, task, cfg, run_cfg, out_s, rank_names)]
             if pending and "fv" in methods and not all(_fv_done(bridge, task, cfg, run_cfg, out_s, rank_names)
                                                        for task in tasks):
-                pending = [task for task in tasks if task in pending or task.name in rank_names]
+                have = {task.name for task in pending}
+                pending = pending + [by_name[n] for n in rank_names if n not in have]
             if pending:
                 runs = {r.task.name: r for r in run_tasks(bridge, pending, run_cfg, out_s, progress=progress,
                                                           evaluate_methods=False)}
@@ -246,8 +254,7 @@ def collect_results(bridge: TransformerBridge | str, tasks: list[Task], cfg: Com
             if compute and any(not _fv_done(bridge, task, cfg, run_cfg, out_s, rank_names) for task in tasks):
                 aie, rank_s = _fv_ranking(bridge, runs, cfg, run_cfg, out_s, rank_names, progress)
             else:
-                rank_s = sum(_seconds(task_dir(out_s, bridge, task) / "bench" / "fv_aie.json")
-                             for task in tasks if task.name in rank_names)
+                rank_s = sum(_seconds(task_dir(out_s, bridge, by_name[n]) / "bench" / "fv_aie.json") for n in rank_names)
         for method in methods:
             bar = tqdm(tasks, desc=f"{method} (seed {seed})", disable=not progress or not compute)
             for task in bar:

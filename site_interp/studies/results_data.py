@@ -33,6 +33,7 @@ from site_interp.studies.similarity import cluster_tasks, overlap_table, similar
 from site_interp.studies.transfer import TransferResult
 from site_interp.tasks.core import Task
 from site_interp.tasks.kinds import task_kind
+from site_interp.tasks.specs import resolve_tasks
 
 FV_RANK_TASKS = ("antonym", "capitalize", "country-capital", "english-french", "present-past", "singular-plural")
 """The FV head ranking's tasks when all are present (the function-vector paper's six), else the first six."""
@@ -73,8 +74,11 @@ class ReportConfig:
         check_float(self.overlap_threshold, "overlap_threshold", minimum=0.0, maximum=1.0)
         check_int(self.n_perm, "n_perm", minimum=1, option="--n-perm")
 
-    def comparison(self, methods: Sequence[str], seeds: Sequence[int], tasks: Sequence[Task]) -> ComparisonConfig:
-        names = {t.name for t in tasks}
+    def comparison(self, methods: Sequence[str], seeds: Sequence[int], tasks: Sequence[Task],
+                   rank_tasks: Sequence[Task] = ()) -> ComparisonConfig:
+        """The comparison of ``methods`` at ``seeds``; FV heads ranked on :data:`FV_RANK_TASKS`
+        when ``tasks`` and ``rank_tasks`` (:func:`fv_rank_pool`) hold them all."""
+        names = {t.name for t in [*tasks, *rank_tasks]}
         rank = FV_RANK_TASKS if set(FV_RANK_TASKS) <= names else None
         return ComparisonConfig(run=self.run, methods=tuple(m for m in METHODS if m in methods), seeds=tuple(seeds),
                                 fv=self.fv, fv_rank_tasks=rank, tv=self.tv, lora=self.lora)
@@ -124,13 +128,27 @@ PAIRS = (("site", "icl"), ("site", "lora"), ("site", "uniform-0.5"), ("site", "u
          ("site", "fv"), ("site", "0-shot"), ("icl", "0-shot"), ("lora", "icl"))
 
 
-def gather(model_id: str, tasks: Sequence[Task], cfg: ReportConfig, out: str | Path) -> ModelEvidence:
-    """Read every artifact of ``model_id`` under ``out`` and compute the page's numbers."""
+def fv_rank_pool(tasks: Sequence[Task], data_dir: str | Path) -> list[Task]:
+    """The :data:`FV_RANK_TASKS` that ``tasks`` (a chunk of the benchmark) lacks, loaded from
+    ``data_dir``, so that the chunk ranks the FV heads as the whole benchmark does; none when
+    ``data_dir`` does not hold them all (the FV heads are then ranked on the chunk's first six)."""
+    have = {t.name for t in tasks}
+    outside = [n for n in FV_RANK_TASKS if n not in have]
+    directory = Path(data_dir)
+    if not outside or not all((directory / n).is_dir() for n in outside):
+        return []
+    return resolve_tasks(outside, directory)
+
+
+def gather(model_id: str, tasks: Sequence[Task], cfg: ReportConfig, out: str | Path,
+           rank_tasks: Sequence[Task] = ()) -> ModelEvidence:
+    """Read every artifact of ``model_id`` under ``out`` and compute the page's numbers
+    (``rank_tasks``: :func:`fv_rank_pool`)."""
     tasks = list(tasks)
-    results = collect_results(model_id, tasks, cfg.comparison(cfg.seeded_methods, cfg.seeds, tasks), out,
-                              progress=False, compute=False)
-    results += collect_results(model_id, tasks, cfg.comparison(cfg.single_seed_methods, cfg.seeds[:1], tasks), out,
-                               progress=False, compute=False)
+    results: list[dict] = []
+    for methods, seeds in ((cfg.seeded_methods, cfg.seeds), (cfg.single_seed_methods, cfg.seeds[:1])):
+        results += collect_results(model_id, tasks, cfg.comparison(methods, seeds, tasks, rank_tasks), out,
+                                   progress=False, compute=False, rank_tasks=rank_tasks)
     kinds = {t.name: task_kind(t) for t in tasks}
     scores = ev.score_frame(results)
     methods = [m for m in METHODS if m in set(scores["method"])]
@@ -170,4 +188,4 @@ def gather(model_id: str, tasks: Sequence[Task], cfg: ReportConfig, out: str | P
         seconds=stage_seconds(model_id, tasks, sorted(set(outs.values()))), trained=trained)
 
 
-__all__ = ["FV_RANK_TASKS", "ModelEvidence", "PAIRS", "ReportConfig", "gather"]
+__all__ = ["FV_RANK_TASKS", "ModelEvidence", "PAIRS", "ReportConfig", "fv_rank_pool", "gather"]
