@@ -105,6 +105,8 @@ def test_a_chunk_ranks_fv_heads_on_tasks_outside_it_as_the_whole_run(tmp_path, c
     assert main([*chunk, "--out", str(part)]) == 0
     assert (part / ROOT / "capitalize" / "bench" / "fv_aie.json").exists()
     assert not (part / ROOT / "capitalize" / "bench" / "fv.json").exists()
+    assert (part / ROOT / "capitalize" / "embedding.safetensors").exists()  # the AIE needs its embedding ...
+    assert not (part / ROOT / "capitalize" / "alphas.safetensors").exists()  # ... not SITE alphas
     key = json.loads((part / ROOT / "next_item" / "bench" / "fv.json").read_text())["key"]
     assert key == json.loads((whole / ROOT / "next_item" / "bench" / "fv.json").read_text())["key"]
     assert key["fv"]["rank_tasks"] == ["capitalize", "next_item"]

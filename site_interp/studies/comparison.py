@@ -49,7 +49,7 @@ from site_interp.baselines.lora import LoraConfig, lora_adapter, train_lora
 from site_interp.checks import check_int, check_subset
 from site_interp.errors import ConfigError
 from site_interp.evaluation import Method, evaluate
-from site_interp.pipeline import RunConfig, TaskRun, model_id, run_tasks, task_dir
+from site_interp.pipeline import RunConfig, TaskRun, get_embedding, model_id, run_tasks, task_dir
 from site_interp.studies.comparison_tables import ComparisonTables, build_tables
 from site_interp.tasks.core import Task, TaskError
 from site_interp.training import uniform_alpha
@@ -124,23 +124,26 @@ def _method_key(bridge: TransformerBridge, task: Task, cfg: ComparisonConfig, ru
 
 
 def _fv_ranking(bridge: TransformerBridge, runs: dict[str, TaskRun], cfg: ComparisonConfig, run_cfg: RunConfig, out: Path,
-                names: list[str], progress: bool) -> tuple[torch.Tensor, float]:
-    """Mean AIE over ``names`` (each cached next to its task's embedding); total seconds spent."""
+                rank_tasks: list[Task], progress: bool) -> tuple[torch.Tensor, float]:
+    """Mean AIE over ``rank_tasks`` (each cached beside its task's embedding); total seconds spent.
+    A task's embedding is read from ``runs`` or loaded / computed only when its AIE is not cached."""
     fv_cfg = replace(cfg.fv, seed=run_cfg.embedding.seed, n_shots=run_cfg.embedding.n_shots)
     effects, seconds = [], 0.0
-    for name in tqdm(names, desc="FV head ranking", disable=not progress, leave=False):
-        run = runs[name]
-        key = {"model_id": model_id(bridge), "task": name, "task_fingerprint": run.task.fingerprint(),
+    for task in tqdm(rank_tasks, desc="FV head ranking", disable=not progress, leave=False):
+        key = {"model_id": model_id(bridge), "task": task.name, "task_fingerprint": task.fingerprint(),
                "embedding": run_cfg.embedding.to_dict(),
                "aie": {"n_aie_prompts": fv_cfg.n_aie_prompts, "n_shots": fv_cfg.n_shots, "seed": fv_cfg.seed}}
-        path = task_dir(out, bridge, run.task) / "bench" / "fv_aie.safetensors"
+        directory = task_dir(out, bridge, task)
+        path = directory / "bench" / "fv_aie.safetensors"
         cached = load_if_valid(path, key)
         if cached is not None:
             effects.append(cached[0]["aie"])
             seconds += cached[1].get("seconds", 0.0)
             continue
+        run = runs.get(task.name)
+        t = run.embedding.t if run is not None else get_embedding(bridge, task, run_cfg, directory, progress)[0].t
         t0 = time.perf_counter()
-        aie = average_indirect_effect(bridge, run.task, run.embedding.t, fv_cfg, progress=progress)
+        aie = average_indirect_effect(bridge, task, t, fv_cfg, progress=progress)
         dt = time.perf_counter() - t0
         save_artifact(path, {"aie": aie}, key, {"seconds": dt}, seed=fv_cfg.seed)
         effects.append(aie)
@@ -215,8 +218,9 @@ def collect_results(bridge: TransformerBridge | str, tasks: list[Task], cfg: Com
 
     ``bridge`` may be the model id alone when ``compute`` is False (nothing is run).
     ``rank_tasks``: tasks that ``cfg.fv_rank_tasks`` may name beyond ``tasks``. They are run only
-    as far as the FV head ranking needs (embedding, AIE), never compared, so a chunk of a
-    benchmark ranks the FV heads on the same tasks, with the same result keys, as the whole.
+    as far as the FV head ranking needs (embedding and AIE, each when not cached; no alphas),
+    never compared, so a chunk of a benchmark ranks the FV heads on the same tasks, with the
+    same result keys, as the whole.
     """
     if isinstance(bridge, str) and compute:
         raise ValueError("collect_results needs the model itself to compute; pass compute=False to only read")
@@ -241,18 +245,15 @@ def collect_results(bridge: TransformerBridge | str, tasks: list[Task], cfg: Com
         if compute:
             # the SITE pipeline (embedding, alphas) only for tasks with an embedding method still to
             # run: finished columns need neither, so a results store without embeddings resumes cheaply
+            # (the FV ranking tasks need an embedding only, and only where their AIE is not cached)
             pending = [task for task in tasks if _pending(bridge, task, cfg, run_cfg, out_s, rank_names)]
-            if pending and "fv" in methods and not all(_fv_done(bridge, task, cfg, run_cfg, out_s, rank_names)
-                                                       for task in tasks):
-                have = {task.name for task in pending}
-                pending = pending + [by_name[n] for n in rank_names if n not in have]
             if pending:
                 runs = {r.task.name: r for r in run_tasks(bridge, pending, run_cfg, out_s, progress=progress,
                                                           evaluate_methods=False)}
         aie, rank_s = None, 0.0
         if "fv" in methods:
             if compute and any(not _fv_done(bridge, task, cfg, run_cfg, out_s, rank_names) for task in tasks):
-                aie, rank_s = _fv_ranking(bridge, runs, cfg, run_cfg, out_s, rank_names, progress)
+                aie, rank_s = _fv_ranking(bridge, runs, cfg, run_cfg, out_s, [by_name[n] for n in rank_names], progress)
             else:
                 rank_s = sum(_seconds(task_dir(out_s, bridge, by_name[n]) / "bench" / "fv_aie.json") for n in rank_names)
         for method in methods:
