@@ -34,6 +34,12 @@ log = logging.getLogger(__name__)
 _UMASK = os.umask(0)
 os.umask(_UMASK)
 
+# a temporary of write_atomic names its writer (".<name>.<pid>@<host>~XXXX.tmp"), so that a run
+# sweeping up after killed runs leaves alone the writes still going on in another process
+_HOST = re.sub(r"[^A-Za-z0-9.-]", "-", platform.node()) or "host"
+_WRITER = re.compile(r"\.(\d+)@([A-Za-z0-9.-]+)~[^/]*\.tmp$")
+_FOREIGN_HOST_STALE_S = 24 * 3600.0
+
 PACKAGES = ("site_interp", "torch", "transformers", "transformer-lens", "numpy")
 
 
@@ -70,7 +76,7 @@ def write_atomic(path: str | Path, write: Callable[[str], Any]) -> Path:
     Every file this package writes goes through here."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.{os.getpid()}@{_HOST}~", suffix=".tmp")
     os.close(fd)
     try:
         write(tmp)
@@ -82,12 +88,36 @@ def write_atomic(path: str | Path, write: Callable[[str], Any]) -> Path:
     return path
 
 
+def _writer_may_be_alive(tmp: Path) -> bool:
+    """Whether the process that made temporary ``tmp`` may still be writing it: its pid (in the
+    name) is alive on this host, or it ran on another host (whose processes this one cannot see)
+    less than a day ago. Temporaries without a writer in the name count as stale."""
+    found = _WRITER.search(tmp.name)
+    if found is None:
+        return False
+    pid, host = int(found[1]), found[2]
+    if host != _HOST:
+        try:
+            return time.time() - tmp.stat().st_mtime < _FOREIGN_HOST_STALE_S
+        except OSError:
+            return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return True
+
+
 def remove_stale_temporaries(directory: str | Path) -> int:
     """Delete the temporary files of :func:`write_atomic` that a killed process left in
-    ``directory`` (never a finished file); returns how many."""
+    ``directory`` (never a finished file, nor the temporary of a write still in progress in
+    another process, such as a second run on other tasks in the same directory); returns how many."""
     directory = Path(directory)
-    # ours end in .tmp; safetensors' own writer leaves .tmpXXXXXX
-    stale = [*directory.glob(".*.tmp"), *directory.glob(".tmp?*")] if directory.is_dir() else []
+    # ours end in .tmp and name their writer; safetensors' own writer leaves .tmpXXXXXX
+    found = [*directory.glob(".*.tmp"), *directory.glob(".tmp?*")] if directory.is_dir() else []
+    stale = [tmp for tmp in found if not _writer_may_be_alive(tmp)]
     for tmp in stale:
         tmp.unlink(missing_ok=True)
     return len(stale)

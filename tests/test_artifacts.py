@@ -1,4 +1,7 @@
 import json
+import os
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -32,3 +35,35 @@ def test_write_json_is_atomic_and_readable(tmp_path):
 def test_slug():
     assert slug("google/gemma-3-270m") == "google--gemma-3-270m"
     assert slug("a b/c") == "a-b--c"
+
+
+def test_stale_temporaries_are_removed_but_not_writes_in_progress(tmp_path):
+    """A run removes what killed runs left, never the temporary of a live process's write (a
+    second run on other tasks in the same directory)."""
+    import subprocess
+    import sys
+
+    from site_interp.artifacts import _HOST, remove_stale_temporaries, write_atomic
+
+    seen = []
+    write_atomic(tmp_path / "a.json", lambda tmp: seen.append(Path(tmp).name) or Path(tmp).write_text("{}"))
+    assert seen[0].startswith(f".a.json.{os.getpid()}@{_HOST}~") and seen[0].endswith(".tmp")
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        names = {"killed": f".r.json.{int(dead.stdout)}@{_HOST}~abc.tmp",
+                 "writing": f".r.json.{live.pid}@{_HOST}~def.tmp",
+                 "old format": ".r.json.ghi.tmp", "safetensors'": ".tmpXYZ12",
+                 "other host, recent": ".r.json.1@elsewhere~jkl.tmp", "other host, old": ".s.json.1@elsewhere~mno.tmp"}
+        for name in names.values():
+            (tmp_path / name).write_text("partial")
+        old = time.time() - 2 * 24 * 3600
+        os.utime(tmp_path / names["other host, old"], (old, old))
+        assert remove_stale_temporaries(tmp_path) == 4
+        left = sorted(p.name for p in tmp_path.iterdir())
+        assert left == sorted(["a.json", names["writing"], names["other host, recent"]])
+    finally:
+        live.kill()
+        live.wait()
+    assert remove_stale_temporaries(tmp_path) == 1  # its writer is gone now
