@@ -9,6 +9,7 @@ there. Figures are drawn by the commands (:mod:`site_interp.plots`), not here. U
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from dataclasses import asdict, dataclass, field
@@ -250,6 +251,12 @@ def run_tasks(
             runs.append(TaskRun(task=task, embedding=embs[k], site=site, evaluation=TaskEvaluation(task.name),
                                 timings=timings[k], directory=dirs[k]))
             continue
+        stored = load_evaluation(bridge, task, cfg, dirs[k], embs[k], site) if dirs[k] is not None else None
+        if stored is not None:  # made from this very embedding and these alphas: nothing to redo
+            timings[k]["evaluation"] = 0.0
+            runs.append(TaskRun(task=task, embedding=embs[k], site=site, evaluation=stored, timings=timings[k],
+                                directory=dirs[k]))
+            continue
         evaluation = evaluate(bridge, task, standard_methods(embs[k].t, site.alpha, cfg.eval.n_shots), cfg.eval,
                               progress=progress)
         timings[k]["evaluation"] = time.perf_counter() - t0
@@ -268,6 +275,33 @@ def run_task(
     return run_tasks(bridge, [task], cfg, out, progress=progress)[0]
 
 
+def inputs_digest(embedding: TaskEmbedding, site: SiteResult) -> str:
+    """A digest of the task embedding and the alphas an evaluation was made with (results.json
+    records it, so a stored evaluation is reused only with exactly these)."""
+    h = hashlib.sha256()
+    for x in (embedding.t, site.alpha):
+        h.update(str(tuple(x.shape)).encode())
+        h.update(x.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
+    return h.hexdigest()[:32]
+
+
+def load_evaluation(model: TransformerBridge | str, task: Task, cfg: RunConfig, directory: Path,
+                    embedding: TaskEmbedding, site: SiteResult) -> TaskEvaluation | None:
+    """The stored evaluation of ``task`` in ``directory`` when it was made by this model with these
+    settings, from this embedding and these alphas; None otherwise (absent, damaged, stale)."""
+    results = directory / "results.json"
+    if not results.exists():
+        return None
+    data, config = read_json_object(results), read_json_object(directory / "config.json")
+    if data is None or not isinstance(data.get("records"), list) or config is None:
+        return None  # damaged (logged): the evaluation is run again
+    if (data.get("model_id") != model_id(model) or config.get("task_fingerprint") != task.fingerprint()
+            or config.get("config") != json.loads(json.dumps(cfg.to_dict()))
+            or data.get("inputs") != inputs_digest(embedding, site)):
+        return None
+    return TaskEvaluation(task.name, records=data["records"])
+
+
 def write_run_files(model: TransformerBridge | str, run: TaskRun, cfg: RunConfig) -> None:
     """config.json, results.json/.csv and summary.csv of one task run."""
     d = run.directory
@@ -278,7 +312,8 @@ def write_run_files(model: TransformerBridge | str, run: TaskRun, cfg: RunConfig
     })
     summary = run.summary()
     write_json(d / "results.json", {
-        "task": run.task.name, "model_id": model_id(model), "summary": summary.to_dict(orient="records"),
+        "task": run.task.name, "model_id": model_id(model), "inputs": inputs_digest(run.embedding, run.site),
+        "summary": summary.to_dict(orient="records"),
         "best_step": run.site.best_step, "best_valid_loss": run.site.best_valid_loss,
         "n_selected_heads": run.site.n_selected, "timings": run.timings,
         "records": run.evaluation.records,
@@ -309,18 +344,13 @@ def load_run(model: TransformerBridge | str, task: Task, cfg: RunConfig, out: st
     directory = task_dir(out, model, task)
     emb = load_embedding(model, task, cfg, directory)
     site = load_alphas(model, task, cfg, directory)
-    results = directory / "results.json"
-    if emb is None or site is None or not results.exists():
+    if emb is None or site is None:
         return None
-    data, config = read_json_object(results), read_json_object(directory / "config.json")
-    if data is None or not isinstance(data.get("records"), list):
-        return None  # damaged (logged): the evaluation is run again
-    stored = config.get("config") if config is not None else None
-    if data.get("model_id") != model_id(model) or stored != json.loads(json.dumps(cfg.to_dict())):
+    evaluation = load_evaluation(model, task, cfg, directory, emb, site)
+    if evaluation is None:
         return None
-    evaluation = TaskEvaluation(task.name, records=data["records"])
     return TaskRun(task=task, embedding=emb, site=site, evaluation=evaluation,
-                   timings={k: 0.0 for k in data.get("timings", {})}, directory=directory)
+                   timings={"embedding": 0.0, "training": 0.0, "evaluation": 0.0}, directory=directory)
 
 
 __all__ = [
@@ -329,6 +359,8 @@ __all__ = [
     "alpha_key",
     "embedding_key",
     "get_embedding",
+    "inputs_digest",
+    "load_evaluation",
     "load_alphas",
     "load_embedding",
     "load_run",

@@ -1,10 +1,13 @@
 """The pipeline's artifacts: a run saved elsewhere (a sweep's driver) is the run, and is reused."""
 
+from dataclasses import replace
+
+import pandas as pd
 import torch
 
 from site_interp.embeddings import EmbeddingConfig
 from site_interp.evaluation import EvalConfig
-from site_interp.pipeline import RunConfig, load_run, run_tasks, save_run, task_dir
+from site_interp.pipeline import RunConfig, load_run, run_tasks, save_alphas, save_run, task_dir
 from site_interp.training import SiteConfig
 
 from conftest import toy_task
@@ -44,3 +47,23 @@ def test_a_damaged_results_file_is_recomputed_not_raised(tiny_llama, tmp_path, c
     (directory / "config.json").write_text("\x00\x01")
     assert load_run(tiny_llama, task, CFG, tmp_path) is None
     assert "config.json is damaged" in caplog.text
+
+
+def test_a_rerun_reuses_the_evaluation_made_from_the_same_embedding_and_alphas(tiny_llama, tmp_path):
+    task = toy_task()
+    (first,) = run_tasks(tiny_llama, [task], CFG, tmp_path, progress=False)
+    results = task_dir(tmp_path, tiny_llama, task) / "results.json"
+    stamp = results.stat().st_mtime_ns
+    (again,) = run_tasks(tiny_llama, [task], CFG, tmp_path, progress=False)
+    assert again.timings == {"embedding": 0.0, "training": 0.0, "evaluation": 0.0}
+    assert again.evaluation.records == first.evaluation.records and results.stat().st_mtime_ns == stamp
+    pd.testing.assert_frame_equal(again.summary(), first.summary())
+    # alphas saved over by other ones (same settings): the stored evaluation is not theirs
+    save_alphas(tiny_llama, task, CFG, results.parent, replace(first.site, alpha=1 - first.site.alpha))
+    (third,) = run_tasks(tiny_llama, [task], CFG, tmp_path, progress=False)
+    assert third.timings["evaluation"] > 0 and results.stat().st_mtime_ns != stamp
+    assert torch.equal(third.site.alpha, 1 - first.site.alpha)
+    # other evaluation settings: evaluated again, not read
+    other = RunConfig(embedding=CFG.embedding, site=CFG.site, eval=EvalConfig(n_test=3, n_shots=2, exact_match=False))
+    (fourth,) = run_tasks(tiny_llama, [task], other, tmp_path, progress=False)
+    assert fourth.timings["evaluation"] > 0 and len(fourth.evaluation.records) < len(third.evaluation.records)
