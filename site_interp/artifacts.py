@@ -21,7 +21,8 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Mapping
 
 import torch
 from safetensors import safe_open
@@ -34,9 +35,19 @@ log = logging.getLogger(__name__)
 _UMASK = os.umask(0)
 os.umask(_UMASK)
 
-# a temporary of write_atomic names its writer (".<name>.<pid>@<host>~XXXX.tmp"), so that a run
-# sweeping up after killed runs leaves alone the writes still going on in another process
-_HOST = re.sub(r"[^A-Za-z0-9.-]", "-", platform.node()) or "host"
+
+def _process_space() -> str:
+    """This host and its pid namespace (two containers may share a hostname, not their pids)."""
+    host = re.sub(r"[^A-Za-z0-9.-]", "-", platform.node()) or "host"
+    try:
+        return f"{host}-{os.stat('/proc/self/ns/pid').st_ino}"
+    except OSError:
+        return host
+
+
+# a temporary of write_atomic names its writer (".<name>.<pid>@<process space>~XXXX.tmp"), so
+# that a run sweeping up after killed runs leaves alone the writes still going on in another process
+_HOST = _process_space()
 _WRITER = re.compile(r"\.(\d+)@([A-Za-z0-9.-]+)~[^/]*\.tmp$")
 _FOREIGN_HOST_STALE_S = 24 * 3600.0
 
@@ -90,8 +101,8 @@ def write_atomic(path: str | Path, write: Callable[[str], Any]) -> Path:
 
 def _writer_may_be_alive(tmp: Path) -> bool:
     """Whether the process that made temporary ``tmp`` may still be writing it: its pid (in the
-    name) is alive on this host, or it ran on another host (whose processes this one cannot see)
-    less than a day ago. Temporaries without a writer in the name count as stale."""
+    name) is alive in this process space (host and pid namespace), or it ran in another (whose
+    processes this one cannot see) less than a day ago. Temporaries without a writer in the name count as stale."""
     found = _WRITER.search(tmp.name)
     if found is None:
         return False
@@ -103,11 +114,33 @@ def _writer_may_be_alive(tmp: Path) -> bool:
             return False
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, OverflowError):
         return False
     except PermissionError:  # alive, another user's
         return True
     return True
+
+
+@contextmanager
+def exclusive(path: str | Path) -> Iterator[None]:
+    """Hold an exclusive advisory lock on the file ``path`` (created if missing) for the block: a
+    second process entering it for the same path waits until the first has left, so a result that
+    two runs may both need (e.g. the FV ranking of tasks two chunks share) is computed once, by
+    whoever comes first, and read by the other (re-check the cache inside the block). Where the
+    platform has no ``fcntl`` (Windows) the block runs unlocked."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover (not POSIX)
+        yield
+        return
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def remove_stale_temporaries(directory: str | Path) -> int:

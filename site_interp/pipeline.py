@@ -254,8 +254,11 @@ def run_tasks(
         stored = load_evaluation(bridge, task, cfg, dirs[k], embs[k], site) if dirs[k] is not None else None
         if stored is not None:  # made from this very embedding and these alphas: nothing to redo
             timings[k]["evaluation"] = 0.0
-            runs.append(TaskRun(task=task, embedding=embs[k], site=site, evaluation=stored, timings=timings[k],
-                                directory=dirs[k]))
+            run = TaskRun(task=task, embedding=embs[k], site=site, evaluation=stored, timings=timings[k],
+                          directory=dirs[k])
+            if not all((dirs[k] / f).is_file() for f in ("results.csv", "summary.csv", "config.json")):
+                write_run_files(bridge, run, cfg)  # (a run killed between its writes)
+            runs.append(run)
             continue
         evaluation = evaluate(bridge, task, standard_methods(embs[k].t, site.alpha, cfg.eval.n_shots), cfg.eval,
                               progress=progress)
@@ -285,44 +288,55 @@ def inputs_digest(embedding: TaskEmbedding, site: SiteResult) -> str:
     return h.hexdigest()[:32]
 
 
+def _made_with(task: Task, cfg: RunConfig, embedding: TaskEmbedding, site: SiteResult) -> dict:
+    """What results.json records of how its evaluation was made, and a reuse must match."""
+    return {"task_fingerprint": task.fingerprint(), "config": json.loads(json.dumps(cfg.to_dict())),
+            "inputs": inputs_digest(embedding, site)}
+
+
 def load_evaluation(model: TransformerBridge | str, task: Task, cfg: RunConfig, directory: Path,
-                    embedding: TaskEmbedding, site: SiteResult) -> TaskEvaluation | None:
+                    embedding: TaskEmbedding, site: SiteResult, *, legacy: bool = False) -> TaskEvaluation | None:
     """The stored evaluation of ``task`` in ``directory`` when it was made by this model with these
-    settings, from this embedding and these alphas; None otherwise (absent, damaged, stale)."""
+    settings, from this embedding and these alphas; None otherwise (absent, damaged, stale).
+
+    A results.json from before it recorded what made it (``made_with``) is reused only when
+    ``legacy`` is set, as before: by model id and config.json's settings (a sweep's finished cells)."""
     results = directory / "results.json"
     if not results.exists():
         return None
     data, config = read_json_object(results), read_json_object(directory / "config.json")
     if data is None or not isinstance(data.get("records"), list) or config is None:
-        return None  # damaged (logged): the evaluation is run again
-    if (data.get("model_id") != model_id(model) or config.get("task_fingerprint") != task.fingerprint()
-            or config.get("config") != json.loads(json.dumps(cfg.to_dict()))
-            or data.get("inputs") != inputs_digest(embedding, site)):
+        return None  # damaged (logged): the evaluation is run again, and its files rewritten
+    if data.get("model_id") != model_id(model):
+        return None
+    made = data.get("made_with")
+    if isinstance(made, dict):
+        if made != _made_with(task, cfg, embedding, site):
+            return None
+    elif not legacy or config.get("config") != json.loads(json.dumps(cfg.to_dict())):
         return None
     return TaskEvaluation(task.name, records=data["records"])
 
 
 def write_run_files(model: TransformerBridge | str, run: TaskRun, cfg: RunConfig) -> None:
-    """config.json, results.json/.csv and summary.csv of one task run."""
+    """config.json, results.csv, summary.csv and, last, results.json of one task run (results.json
+    records what made it, so a run killed among these writes never leaves it beside another's)."""
     d = run.directory
     assert d is not None
     write_json(d / "config.json", {
         "model_id": model_id(model), "task": run.task.name, "task_source": run.task.source,
         "task_fingerprint": run.task.fingerprint(), "config": cfg.to_dict(), "provenance": provenance(cfg.site.seed),
     })
-    summary = run.summary()
+    write_text(d / "results.csv", run.evaluation.to_dataframe().to_csv(index=False))
+    write_text(d / "summary.csv", run.summary().to_csv(index=False))
     write_json(d / "results.json", {
-        "task": run.task.name, "model_id": model_id(model), "inputs": inputs_digest(run.embedding, run.site),
-        "summary": summary.to_dict(orient="records"),
+        "task": run.task.name, "model_id": model_id(model),
+        "made_with": _made_with(run.task, cfg, run.embedding, run.site),
+        "summary": run.summary().to_dict(orient="records"),
         "best_step": run.site.best_step, "best_valid_loss": run.site.best_valid_loss,
         "n_selected_heads": run.site.n_selected, "timings": run.timings,
         "records": run.evaluation.records,
     })
-    write_text(d / "results.csv", run.evaluation.to_dataframe().to_csv(index=False))
-    write_text(d / "summary.csv", summary.to_csv(index=False))
-
-
-
 
 
 def save_run(model: TransformerBridge | str, run: TaskRun, cfg: RunConfig, out: str | Path) -> Path:
@@ -346,7 +360,7 @@ def load_run(model: TransformerBridge | str, task: Task, cfg: RunConfig, out: st
     site = load_alphas(model, task, cfg, directory)
     if emb is None or site is None:
         return None
-    evaluation = load_evaluation(model, task, cfg, directory, emb, site)
+    evaluation = load_evaluation(model, task, cfg, directory, emb, site, legacy=True)
     if evaluation is None:
         return None
     return TaskRun(task=task, embedding=emb, site=site, evaluation=evaluation,

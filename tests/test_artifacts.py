@@ -67,3 +67,22 @@ def test_stale_temporaries_are_removed_but_not_writes_in_progress(tmp_path):
         live.kill()
         live.wait()
     assert remove_stale_temporaries(tmp_path) == 1  # its writer is gone now
+
+
+@pytest.mark.skipif(os.name != "posix", reason="fcntl locks are POSIX")
+def test_exclusive_holds_off_a_second_process_until_released(tmp_path):
+    import subprocess
+    import sys
+
+    from site_interp.artifacts import exclusive
+
+    lock = tmp_path / "task" / "bench" / ".fv_aie.lock"
+    probe = ("import fcntl, sys\nf = open(sys.argv[1], 'a')\ntry:\n    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)\n"
+             "    print('got')\nexcept BlockingIOError:\n    print('busy')\n")
+
+    def other_process() -> str:
+        return subprocess.run([sys.executable, "-c", probe, str(lock)], capture_output=True, text=True).stdout.strip()
+
+    with exclusive(lock):
+        assert other_process() == "busy"
+    assert other_process() == "got"

@@ -89,7 +89,7 @@ def assert_no_partial_files(root: Path, temporaries: bool = False) -> None:
     temporary of an atomic write is left (``temporaries``: a killed process may leave hidden
     ``.*.tmp`` files, which nothing reads and the next run removes)."""
     for path in root.rglob("*"):
-        if path.is_dir():
+        if path.is_dir() or path.suffix == ".lock":  # lock files (artifacts.exclusive) are empty
             continue
         if path.name.endswith(".tmp") or path.name.startswith(".tmp"):  # ours, or safetensors' writer's
             assert temporaries and path.name.startswith("."), path
@@ -179,3 +179,23 @@ def test_report_command_bad_input(case, tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and expected in err[0], err
     assert not (tmp_path / "page" / "r.md").exists()
+
+
+BENCH = [*TINY, "--tasks", "capitalize", "next_item", "--methods", "fv", "--fv-aie-prompts", "2"]
+BENCH_CASES = [
+    ("rank task twice", ["--fv-rank-tasks", "capitalize", "next_item", "capitalize"],
+     "names capitalize more than once; name each ranking task once"),
+    ("unknown rank task", ["--fv-rank-tasks", "capitalize", "no_such_task"], "unknown task 'no_such_task'"),
+    ("seeds -1", ["--seeds", "-1"], "seeds (--seeds) must be an integer >= 0, got -1"),
+]
+
+
+@pytest.mark.parametrize("case", BENCH_CASES, ids=[c[0] for c in BENCH_CASES])
+def test_bench_command_bad_input(case, tmp_path, capsys):
+    from site_interp.bench import main as bench_main
+
+    name, extra, expected = case
+    assert bench_main([*BENCH, "--out", str(tmp_path / "out"), *extra]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and expected in err[0], err
+    assert not list((tmp_path / "out").rglob("*.json"))  # refused before any work

@@ -67,3 +67,33 @@ def test_a_rerun_reuses_the_evaluation_made_from_the_same_embedding_and_alphas(t
     other = RunConfig(embedding=CFG.embedding, site=CFG.site, eval=EvalConfig(n_test=3, n_shots=2, exact_match=False))
     (fourth,) = run_tasks(tiny_llama, [task], other, tmp_path, progress=False)
     assert fourth.timings["evaluation"] > 0 and len(fourth.evaluation.records) < len(third.evaluation.records)
+
+
+def test_a_stored_evaluation_is_checked_against_what_made_it(tiny_llama, tmp_path):
+    """results.json records its settings itself: a run killed after writing another run's
+    config.json must not make the old records pass for the new settings. A results.json from
+    before that record is re-evaluated by run_tasks, but a sweep's load_run still reuses it."""
+    import json
+
+    task = toy_task()
+    (first,) = run_tasks(tiny_llama, [task], CFG, tmp_path, progress=False)
+    directory = task_dir(tmp_path, tiny_llama, task)
+    other = RunConfig(embedding=CFG.embedding, site=CFG.site, eval=EvalConfig(n_test=3, n_shots=2, exact_match=False))
+    config = json.loads((directory / "config.json").read_text())
+    config["config"] = json.loads(json.dumps(other.to_dict()))
+    (directory / "config.json").write_text(json.dumps(config))  # as if killed just after this write
+    assert load_run(tiny_llama, task, other, tmp_path) is None
+    (second,) = run_tasks(tiny_llama, [task], other, tmp_path, progress=False)
+    assert second.timings["evaluation"] > 0 and len(second.evaluation.records) < len(first.evaluation.records)
+
+    (directory / "summary.csv").unlink()  # a reused evaluation still leaves every file
+    (third,) = run_tasks(tiny_llama, [task], other, tmp_path, progress=False)
+    assert third.timings["evaluation"] == 0.0 and (directory / "summary.csv").is_file()
+
+    data = json.loads((directory / "results.json").read_text())
+    del data["made_with"]  # the format before it
+    (directory / "results.json").write_text(json.dumps(data))
+    assert load_run(tiny_llama, task, other, tmp_path) is not None
+    (fourth,) = run_tasks(tiny_llama, [task], other, tmp_path, progress=False)
+    assert fourth.timings["evaluation"] > 0
+    assert "made_with" in json.loads((directory / "results.json").read_text())

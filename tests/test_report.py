@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import json
+import logging
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -326,7 +328,7 @@ def test_a_results_store_without_embeddings_resumes_without_recomputing(tmp_path
 
 
 @pytest.mark.skipif(not FV57.is_dir(), reason="needs ../shared/data/fv57")
-def test_a_chunk_of_fv57_ranks_fv_heads_on_the_whole_benchmarks_tasks(tmp_path):
+def test_a_chunk_of_fv57_ranks_fv_heads_on_the_whole_benchmarks_tasks(tmp_path, caplog):
     from site_interp.studies.results_data import FV_RANK_TASKS, ReportConfig, fv_rank_pool
     from site_interp.tasks.specs import resolve_tasks
 
@@ -338,3 +340,10 @@ def test_a_chunk_of_fv57_ranks_fv_heads_on_the_whole_benchmarks_tasks(tmp_path):
     assert cfg.comparison(("fv",), (0,), chunk).fv_rank_tasks is None  # without the pool: the chunk's own tasks
     assert fv_rank_pool(resolve_tasks(list(FV_RANK_TASKS), FV57), FV57) == []  # the chunk holds them all
     assert fv_rank_pool(chunk, tmp_path) == []  # a data directory without them
+    assert fv_rank_pool(resolve_tasks(["capitalize"]), FV57) == []  # not a chunk of FV-57 (a built-in task)
+    partial = tmp_path / "partial"  # a copy of two FV-57 tasks, one of them a ranking task
+    for name in ("word_length", "capitalize"):
+        shutil.copytree(FV57 / name, partial / name)
+    with caplog.at_level(logging.WARNING):
+        assert fv_rank_pool(resolve_tasks(["word_length"], partial), partial) == []
+    assert "lacks the FV ranking task(s) antonym, country-capital" in caplog.text

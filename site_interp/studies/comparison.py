@@ -37,7 +37,14 @@ from typing import TYPE_CHECKING, Literal, Sequence
 import torch
 from tqdm.auto import tqdm
 
-from site_interp.artifacts import load_if_valid, load_json_if_valid, read_json, save_artifact, save_json_artifact
+from site_interp.artifacts import (
+    exclusive,
+    load_if_valid,
+    load_json_if_valid,
+    read_json,
+    save_artifact,
+    save_json_artifact,
+)
 from site_interp.baselines import (
     FunctionVectorConfig,
     TaskVectorConfig,
@@ -92,6 +99,13 @@ class ComparisonConfig:
             raise ConfigError("seeds (--seeds) must name at least one seed")
         for seed in self.seeds:
             check_int(seed, "seeds", minimum=0, option="--seeds")
+        if self.fv_rank_tasks is not None:
+            if not self.fv_rank_tasks:
+                raise ConfigError("fv_rank_tasks (--fv-rank-tasks) must name at least one task")
+            twice = sorted({n for n in self.fv_rank_tasks if self.fv_rank_tasks.count(n) > 1})
+            if twice:
+                raise ConfigError(f"fv_rank_tasks (--fv-rank-tasks) names {', '.join(twice)} more than once; "
+                                  "name each ranking task once")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -135,17 +149,19 @@ def _fv_ranking(bridge: TransformerBridge, runs: dict[str, TaskRun], cfg: Compar
                "aie": {"n_aie_prompts": fv_cfg.n_aie_prompts, "n_shots": fv_cfg.n_shots, "seed": fv_cfg.seed}}
         directory = task_dir(out, bridge, task)
         path = directory / "bench" / "fv_aie.safetensors"
-        cached = load_if_valid(path, key)
-        if cached is not None:
-            effects.append(cached[0]["aie"])
-            seconds += cached[1].get("seconds", 0.0)
-            continue
-        run = runs.get(task.name)
-        t = run.embedding.t if run is not None else get_embedding(bridge, task, run_cfg, directory, progress)[0].t
-        t0 = time.perf_counter()
-        aie = average_indirect_effect(bridge, task, t, fv_cfg, progress=progress)
-        dt = time.perf_counter() - t0
-        save_artifact(path, {"aie": aie}, key, {"seconds": dt}, seed=fv_cfg.seed)
+        # chunks run side by side share the ranking tasks: the first computes, the others wait and read
+        with exclusive(directory / "bench" / ".fv_aie.lock"):
+            cached = load_if_valid(path, key)
+            if cached is not None:
+                effects.append(cached[0]["aie"])
+                seconds += cached[1].get("seconds", 0.0)
+                continue
+            run = runs.get(task.name)
+            t = run.embedding.t if run is not None else get_embedding(bridge, task, run_cfg, directory, progress)[0].t
+            t0 = time.perf_counter()
+            aie = average_indirect_effect(bridge, task, t, fv_cfg, progress=progress)
+            dt = time.perf_counter() - t0
+            save_artifact(path, {"aie": aie}, key, {"seconds": dt}, seed=fv_cfg.seed)
         effects.append(aie)
         seconds += dt
     return torch.stack(effects).mean(0), seconds

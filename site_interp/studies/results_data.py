@@ -9,6 +9,7 @@ page renders (:mod:`site_interp.studies.results_page`) and the figures draw
 
 from __future__ import annotations
 
+import logging
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Sequence
@@ -31,9 +32,10 @@ from site_interp.studies.report_runs import (
 )
 from site_interp.studies.similarity import cluster_tasks, overlap_table, similarity_matrix
 from site_interp.studies.transfer import TransferResult
-from site_interp.tasks.core import Task
+from site_interp.tasks.core import Task, TaskError, list_task_dir, load_task_dir
 from site_interp.tasks.kinds import task_kind
-from site_interp.tasks.specs import resolve_tasks
+
+log = logging.getLogger(__name__)
 
 FV_RANK_TASKS = ("antonym", "capitalize", "country-capital", "english-french", "present-past", "singular-plural")
 """The FV head ranking's tasks when all are present (the function-vector paper's six), else the first six."""
@@ -129,15 +131,33 @@ PAIRS = (("site", "icl"), ("site", "lora"), ("site", "uniform-0.5"), ("site", "u
 
 
 def fv_rank_pool(tasks: Sequence[Task], data_dir: str | Path) -> list[Task]:
-    """The :data:`FV_RANK_TASKS` that ``tasks`` (a chunk of the benchmark) lacks, loaded from
-    ``data_dir``, so that the chunk ranks the FV heads as the whole benchmark does; none when
-    ``data_dir`` does not hold them all (the FV heads are then ranked on the chunk's first six)."""
+    """The :data:`FV_RANK_TASKS` that ``tasks`` lacks, loaded from ``data_dir``, when ``tasks`` is
+    a chunk of the benchmark under ``data_dir``: the chunk then ranks the FV heads as the whole
+    benchmark does. Empty when ``tasks`` holds them all, comes from elsewhere, or ``data_dir``
+    lacks some (named in a warning: the FV heads are then ranked on the chunk's first six)."""
+    directory = Path(data_dir)
     have = {t.name for t in tasks}
     outside = [n for n in FV_RANK_TASKS if n not in have]
-    directory = Path(data_dir)
-    if not outside or not all((directory / n).is_dir() for n in outside):
+    try:
+        available = set(list_task_dir(directory))
+    except TaskError:
         return []
-    return resolve_tasks(outside, directory)
+    if not outside or not all(_under(t, directory) for t in tasks):
+        return []
+    missing = [n for n in outside if n not in available]
+    if missing:
+        log.warning("%s lacks the FV ranking task(s) %s: the FV heads are ranked on the chunk's first six tasks, "
+                    "and its FV results do not combine with a whole run's", directory, ", ".join(missing))
+        return []
+    return list(load_task_dir(directory, outside).values())
+
+
+def _under(task: Task, directory: Path) -> bool:
+    """Whether ``task`` was loaded from a folder of ``directory``."""
+    try:
+        return Path(task.source).resolve().parent == directory.resolve()
+    except (OSError, ValueError):
+        return False
 
 
 def gather(model_id: str, tasks: Sequence[Task], cfg: ReportConfig, out: str | Path,
