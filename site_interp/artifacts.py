@@ -20,8 +20,8 @@ import re
 import tempfile
 import time
 import uuid
-from pathlib import Path
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
 import torch

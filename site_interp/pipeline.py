@@ -256,7 +256,7 @@ def run_tasks(
             timings[k]["evaluation"] = 0.0
             run = TaskRun(task=task, embedding=embs[k], site=site, evaluation=stored, timings=timings[k],
                           directory=dirs[k])
-            if not all((dirs[k] / f).is_file() for f in ("results.csv", "summary.csv", "config.json")):
+            if not all((dirs[k] / f).is_file() for f in ("results.csv", "summary.csv")):
                 write_run_files(bridge, run, cfg)  # (a run killed between its writes)
             runs.append(run)
             continue
@@ -309,11 +309,11 @@ def load_evaluation(model: TransformerBridge | str, task: Task, cfg: RunConfig, 
         return None  # damaged (logged): the evaluation is run again, and its files rewritten
     if data.get("model_id") != model_id(model):
         return None
-    made = data.get("made_with")
+    made, wanted = data.get("made_with"), _made_with(task, cfg, embedding, site)
     if isinstance(made, dict):
-        if made != _made_with(task, cfg, embedding, site):
+        if made != wanted:
             return None
-    elif not legacy or config.get("config") != json.loads(json.dumps(cfg.to_dict())):
+    elif not legacy or config.get("config") != wanted["config"]:
         return None
     return TaskEvaluation(task.name, records=data["records"])
 
