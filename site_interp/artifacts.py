@@ -22,7 +22,7 @@ import time
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
 from safetensors import safe_open
@@ -264,16 +264,22 @@ def _read_json_object(path: Path) -> dict:
 
 
 def load_json_if_valid(
-    path: str | Path, key: Mapping[str, Any], check: Callable[[dict], None] | None = None
+    path: str | Path, key: Mapping[str, Any], check: Callable[[dict], None] | None = None,
+    *, fields: Sequence[str] = (),
 ) -> dict | None:
     """A JSON artifact whose key equals ``key``; ``None`` if absent or damaged (logged, so it is
     recomputed); :class:`ArtifactMismatchError` when it was made with other settings.
+    ``fields``: the payload every such artifact carries; a file without one is another kind of
+    file at this path (an older version's) and counts as damaged, before its key is compared.
     ``check(data)`` may raise :class:`DamagedArtifact` for content that cannot be right."""
     path = Path(path)
     if not path.exists():
         return None
     try:
         data = _read_json_object(path)
+        missing = [f for f in fields if f not in data]
+        if missing:
+            raise DamagedArtifact(f"it lacks {', '.join(missing)}: not this artifact")
         _check_key(path, data["key"], key)
         if check is not None:
             check(data)

@@ -86,3 +86,20 @@ def test_exclusive_holds_off_a_second_process_until_released(tmp_path):
     with exclusive(lock):
         assert other_process() == "busy"
     assert other_process() == "got"
+
+
+def test_a_json_artifact_without_its_fields_is_damaged_not_a_mismatch(tmp_path, caplog):
+    """Another kind of file at an artifact's path (an older version wrote LoRA's adapter sidecar
+    where LoRA's result belongs) is recomputed, not refused as 'other settings'."""
+    from site_interp.artifacts import load_json_if_valid, save_json_artifact
+
+    path = tmp_path / "lora.json"
+    save_artifact(tmp_path / "lora.safetensors", {"w": torch.ones(2)}, {"model_id": "m", "lora": {"rank": 8}})
+    key = {"model_id": "m", "method": "lora"}
+    with caplog.at_level("WARNING"):
+        assert load_json_if_valid(path, key, fields=("records",)) is None
+    assert "lacks records" in caplog.text and str(path) in caplog.text
+    with pytest.raises(ArtifactMismatchError):  # without fields, its key is compared: refused
+        load_json_if_valid(path, key)
+    save_json_artifact(path, key, {"records": [1]})
+    assert load_json_if_valid(path, key, fields=("records",))["records"] == [1]

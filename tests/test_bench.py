@@ -44,6 +44,34 @@ def test_bench_runs_every_method_resumes_and_refuses_other_settings(tmp_path, ca
     assert "different model, task or configuration" in capsys.readouterr().err
 
 
+
+def test_lora_result_and_adapter_live_apart_and_a_killed_run_reuses_the_adapter(tmp_path, monkeypatch):
+    """LoRA's result (bench/lora.json) and its adapter (bench/lora_adapter.*) used to share
+    lora.json, so a kill between the two writes left an adapter sidecar where the result belongs and
+    the rerun refused it. Now the adapter stays valid beside the result, and a rerun without the
+    result (or with such a left-over sidecar) evaluates the saved adapter instead of refitting."""
+    import site_interp.studies.comparison as comparison
+    from site_interp.artifacts import load_if_valid, read_json
+
+    args = [*ARGS, "--methods", "lora", "--tasks", "capitalize", "--out", str(tmp_path)]
+    assert main(args) == 0
+    bench = tmp_path / ROOT / "capitalize" / "bench"
+    result = read_json(bench / "lora.json")
+    assert result["key"]["method"] == "lora" and len(result["records"]) == 5
+    sidecar = read_json(bench / "lora_adapter.json")
+    assert load_if_valid(bench / "lora_adapter.safetensors", sidecar["key"]) is not None
+    assert result["fit_s"] == pytest.approx(sidecar["training_s"])
+
+    def no_refit(*a, **k):
+        raise AssertionError("LoRA was refitted although its adapter was saved")
+
+    monkeypatch.setattr(comparison, "train_lora", no_refit)
+    (bench / "lora.json").write_text(json.dumps(sidecar))  # the old collision: the adapter's sidecar in its place
+    assert main(args) == 0
+    again = read_json(bench / "lora.json")
+    assert again["records"] == result["records"] and again["fit_s"] == result["fit_s"]
+    assert again["info"] == result["info"] and again["params"] == result["params"]
+
 def test_method_subset_skips_the_embedding_and_seeds_are_averaged(tmp_path):
     assert main([*ARGS, "--methods", "0-shot", "icl", "--seeds", "0", "1", "--out", str(tmp_path)]) == 0
     assert not list(tmp_path.rglob("embedding.safetensors"))  # neither method needs it
@@ -53,7 +81,7 @@ def test_method_subset_skips_the_embedding_and_seeds_are_averaged(tmp_path):
     assert tables.per_task["seeds"].eq(2).all() and tables.per_task["n"].eq(10).all()
     # tables of what is cached, computing nothing: the other methods are simply absent
     assert main([*ARGS, "--seeds", "0", "--report-only", "--out", str(tmp_path)]) == 0
-    assert not list(tmp_path.rglob("embedding.safetensors")) and not list(tmp_path.rglob("lora.safetensors"))
+    assert not list(tmp_path.rglob("embedding.safetensors")) and not list(tmp_path.rglob("lora_adapter.safetensors"))
     partial = load_tables(tmp_path / ROOT / "bench.json")
     assert set(partial.summary["method"]) == {"0-shot", "icl"} and partial.summary["tasks"].eq(2).all()
 

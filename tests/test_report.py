@@ -311,7 +311,7 @@ def test_a_results_store_without_embeddings_resumes_without_recomputing(tmp_path
     argv = [*TINY, "--seeds", "0", "--out", str(out), "--page", str(tmp_path / "results.md")]
     assert report_main(argv) == 0
     text = (tmp_path / "results.md").read_text()
-    for p in [*out.rglob("embedding.safetensors"), *out.rglob("lora.safetensors")]:
+    for p in [*out.rglob("embedding.safetensors"), *out.rglob("lora_adapter.*")]:  # as .gitignore
         p.unlink()
     assert not list(out.rglob("embedding.safetensors")) and list(out.rglob("embedding.json"))
     kept = {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()}

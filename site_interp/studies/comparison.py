@@ -52,7 +52,7 @@ from site_interp.baselines import (
     fit_function_vector,
     fit_task_vector,
 )
-from site_interp.baselines.lora import LoraConfig, lora_adapter, train_lora
+from site_interp.baselines.lora import LoraConfig, count_lora_params, lora_adapter, train_lora
 from site_interp.checks import check_int, check_subset
 from site_interp.errors import ConfigError
 from site_interp.evaluation import Method, evaluate
@@ -69,6 +69,10 @@ MethodName = Literal["0-shot", "uniform-0.5", "uniform-1", "site", "tv", "fv", "
 METHODS: tuple[MethodName, ...] = ("0-shot", "uniform-0.5", "uniform-1", "site", "tv", "fv", "icl", "lora")
 """Every method, in the order they run (cheap first)."""
 EMBEDDING_METHODS = frozenset({"uniform-0.5", "uniform-1", "site", "tv", "fv"})
+#: the fitted LoRA adapter beside the method results (``bench/lora.json`` is LoRA's result)
+LORA_ADAPTER = "lora_adapter.safetensors"
+#: what every ``bench/<method>.json`` result holds (see ``_run_method``)
+RESULT_FIELDS = ("records", "params", "fit_s", "eval_s")
 """Methods that need the task embedding (and hence the SITE pipeline's artifacts)."""
 
 
@@ -194,20 +198,28 @@ def _fit(bridge: TransformerBridge, task: Task, run: TaskRun | None, method: str
 
 
 def _evaluate_lora(bridge: TransformerBridge, task: Task, cfg: ComparisonConfig, run_cfg: RunConfig, directory: Path, progress: bool):
+    """Fit LoRA (or reuse the adapter a killed run saved) and evaluate it.
+
+    The adapter lives in ``lora_adapter.safetensors`` (sidecar ``lora_adapter.json``), never at
+    ``lora.json``, which is the method's result: the two used to share that path."""
     lcfg = replace(cfg.lora, seed=run_cfg.site.seed)
+    path = directory / LORA_ADAPTER
+    key = {"model_id": model_id(bridge), "task": task.name, "task_fingerprint": task.fingerprint(), "lora": lcfg.to_dict()}
+    cached = load_if_valid(path, key)
+    if cached is None:
+        t0 = time.perf_counter()
+        res = train_lora(bridge, task, lcfg, progress=progress)
+        fit_s = time.perf_counter() - t0
+        state, info = res.state, {"best_step": res.best_step, "best_valid_loss": res.best_valid_loss}
+        # "training_s", not "seconds": the compute table counts the fit once, from the result
+        save_artifact(path, state, key, {**info, "history": res.history, "training_s": fit_s}, seed=lcfg.seed)
+    else:
+        state, meta = cached
+        fit_s, info = float(meta.get("training_s", 0.0)), {k: meta.get(k) for k in ("best_step", "best_valid_loss")}
     t0 = time.perf_counter()
-    res = train_lora(bridge, task, lcfg, progress=progress)
-    fit_s = time.perf_counter() - t0
-    save_artifact(directory / "lora.safetensors", res.state,
-                  {"model_id": model_id(bridge), "task": task.name, "task_fingerprint": task.fingerprint(),
-                   "lora": lcfg.to_dict()},
-                  {"best_step": res.best_step, "best_valid_loss": res.best_valid_loss, "history": res.history},
-                  seed=lcfg.seed)
-    t0 = time.perf_counter()
-    with lora_adapter(bridge, lcfg, state=res.state):
+    with lora_adapter(bridge, lcfg, state=state):
         ev = evaluate(bridge, task, [Method("lora")], run_cfg.eval, progress=False)
-    info = {"best_step": res.best_step, "best_valid_loss": res.best_valid_loss}
-    return ev.records, info, res.n_params, fit_s, time.perf_counter() - t0
+    return ev.records, info, count_lora_params(bridge, lcfg), fit_s, time.perf_counter() - t0
 
 
 def _seconds(sidecar: Path) -> float:
@@ -278,7 +290,7 @@ def collect_results(bridge: TransformerBridge | str, tasks: list[Task], cfg: Com
                 directory = task_dir(out_s, bridge, task)
                 key = _method_key(bridge, task, cfg, run_cfg, method, rank_names)
                 path = directory / "bench" / f"{method}.json"
-                done = load_json_if_valid(path, key)
+                done = load_json_if_valid(path, key, fields=RESULT_FIELDS)
                 if done is None:
                     if not compute:
                         continue
@@ -296,14 +308,15 @@ def _pending(bridge: TransformerBridge, task: Task, cfg: ComparisonConfig, run_c
              rank_names: list[str]) -> bool:
     """Whether an embedding method of ``cfg`` has no valid result for ``task`` yet."""
     directory = task_dir(out, bridge, task) / "bench"
-    return any(load_json_if_valid(directory / f"{m}.json", _method_key(bridge, task, cfg, run_cfg, m, rank_names)) is None
+    return any(load_json_if_valid(directory / f"{m}.json", _method_key(bridge, task, cfg, run_cfg, m, rank_names),
+                                  fields=RESULT_FIELDS) is None
                for m in cfg.methods if m in EMBEDDING_METHODS)
 
 
 def _fv_done(bridge: TransformerBridge, task: Task, cfg: ComparisonConfig, run_cfg: RunConfig, out: Path,
              rank_names: list[str]) -> bool:
     path = task_dir(out, bridge, task) / "bench" / "fv.json"
-    return load_json_if_valid(path, _method_key(bridge, task, cfg, run_cfg, "fv", rank_names)) is not None
+    return load_json_if_valid(path, _method_key(bridge, task, cfg, run_cfg, "fv", rank_names), fields=RESULT_FIELDS) is not None
 
 
 def _run_method(bridge: TransformerBridge, task: Task, run: TaskRun | None, method: str, cfg: ComparisonConfig, run_cfg: RunConfig,
