@@ -69,11 +69,11 @@ MethodName = Literal["0-shot", "uniform-0.5", "uniform-1", "site", "tv", "fv", "
 METHODS: tuple[MethodName, ...] = ("0-shot", "uniform-0.5", "uniform-1", "site", "tv", "fv", "icl", "lora")
 """Every method, in the order they run (cheap first)."""
 EMBEDDING_METHODS = frozenset({"uniform-0.5", "uniform-1", "site", "tv", "fv"})
-#: the fitted LoRA adapter beside the method results (``bench/lora.json`` is LoRA's result)
-LORA_ADAPTER = "lora_adapter.safetensors"
-#: what every ``bench/<method>.json`` result holds (see ``_run_method``)
-RESULT_FIELDS = ("records", "params", "fit_s", "eval_s")
 """Methods that need the task embedding (and hence the SITE pipeline's artifacts)."""
+LORA_ADAPTER = "lora_adapter.safetensors"
+"""The fitted LoRA adapter, beside the method results (``bench/lora.json`` is LoRA's result)."""
+RESULT_FIELDS = ("records", "params", "fit_s", "eval_s")
+"""What every ``bench/<method>.json`` result holds (see ``_run_method``)."""
 
 
 @dataclass(frozen=True)
@@ -288,15 +288,13 @@ def collect_results(bridge: TransformerBridge | str, tasks: list[Task], cfg: Com
             bar = tqdm(tasks, desc=f"{method} (seed {seed})", disable=not progress or not compute)
             for task in bar:
                 directory = task_dir(out_s, bridge, task)
-                key = _method_key(bridge, task, cfg, run_cfg, method, rank_names)
-                path = directory / "bench" / f"{method}.json"
-                done = load_json_if_valid(path, key, fields=RESULT_FIELDS)
+                bench, key = directory / "bench", _method_key(bridge, task, cfg, run_cfg, method, rank_names)
+                done = _stored(bench, method, key)
                 if done is None:
                     if not compute:
                         continue
-                    done = _run_method(bridge, task, runs.get(task.name), method, cfg, run_cfg, aie,
-                                       directory / "bench", progress)
-                    save_json_artifact(path, key, done, seed=seed)
+                    done = _run_method(bridge, task, runs.get(task.name), method, cfg, run_cfg, aie, bench, progress)
+                    save_json_artifact(bench / f"{method}.json", key, done, seed=seed)
                 stage = {"embedding_s": _seconds(directory / "embedding.json") if method in EMBEDDING_METHODS else 0.0,
                          "site_training_s": _seconds(directory / "alphas.json") if method == "site" else 0.0,
                          "fv_ranking_s": rank_s / len(tasks) if method == "fv" else 0.0}
@@ -307,16 +305,19 @@ def collect_results(bridge: TransformerBridge | str, tasks: list[Task], cfg: Com
 def _pending(bridge: TransformerBridge, task: Task, cfg: ComparisonConfig, run_cfg: RunConfig, out: Path,
              rank_names: list[str]) -> bool:
     """Whether an embedding method of ``cfg`` has no valid result for ``task`` yet."""
-    directory = task_dir(out, bridge, task) / "bench"
-    return any(load_json_if_valid(directory / f"{m}.json", _method_key(bridge, task, cfg, run_cfg, m, rank_names),
-                                  fields=RESULT_FIELDS) is None
+    bench = task_dir(out, bridge, task) / "bench"
+    return any(_stored(bench, m, _method_key(bridge, task, cfg, run_cfg, m, rank_names)) is None
                for m in cfg.methods if m in EMBEDDING_METHODS)
 
 
 def _fv_done(bridge: TransformerBridge, task: Task, cfg: ComparisonConfig, run_cfg: RunConfig, out: Path,
              rank_names: list[str]) -> bool:
-    path = task_dir(out, bridge, task) / "bench" / "fv.json"
-    return load_json_if_valid(path, _method_key(bridge, task, cfg, run_cfg, "fv", rank_names), fields=RESULT_FIELDS) is not None
+    return _stored(task_dir(out, bridge, task) / "bench", "fv", _method_key(bridge, task, cfg, run_cfg, "fv", rank_names)) is not None
+
+
+def _stored(bench: Path, method: str, key: dict) -> dict | None:
+    """The result of ``method`` in ``bench`` made with ``key``; None when absent or damaged."""
+    return load_json_if_valid(bench / f"{method}.json", key, fields=RESULT_FIELDS)
 
 
 def _run_method(bridge: TransformerBridge, task: Task, run: TaskRun | None, method: str, cfg: ComparisonConfig, run_cfg: RunConfig,

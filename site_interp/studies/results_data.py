@@ -138,11 +138,11 @@ def fv_rank_pool(tasks: Sequence[Task], data_dir: str | Path) -> list[Task]:
     directory = Path(data_dir)
     have = {t.name for t in tasks}
     outside = [n for n in FV_RANK_TASKS if n not in have]
+    if not outside or not all(_under(t, directory) for t in tasks):
+        return []
     try:
         available = set(list_task_dir(directory))
     except TaskError:
-        return []
-    if not outside or not all(_under(t, directory) for t in tasks):
         return []
     missing = [n for n in outside if n not in available]
     if missing:
